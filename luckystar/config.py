@@ -1,0 +1,26 @@
+"""The config keys every stage shares (DESIGN §8); `configs/*.py` start from `base(stage)`."""
+
+import ml_collections
+
+STAGES = ('sft', 'rejection_sampling', 'rlvr', 'dpo', 'quantize', 'export', 'eval', 'pipeline')
+
+
+def base(stage: str) -> ml_collections.ConfigDict:
+  """Shared keys with defaults; the stage's own settings go in `config.<stage>`."""
+  if stage not in STAGES:
+    raise ValueError(f'unknown stage {stage!r}; expected one of {STAGES}')
+  config = ml_collections.ConfigDict()
+  config.stage = stage
+  config.seed = 0
+  config.init_from = 'tiny-sft'       # bundled name, luckystar checkpoint dir, or transformers dir
+  config.total_steps = 100
+  config.batch_size = 8
+  config.learning_rate = 1e-5
+  config.log_every = 1
+  config.eval_every = 50
+  config.checkpoint_every = 50
+  # Device mesh ('data', 'fsdp', 'tensor'); -1 takes the remaining devices.
+  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  config.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=256))
+  config[stage] = ml_collections.ConfigDict()
+  return config

@@ -1,0 +1,195 @@
+"""transformers Cohere2/Cohere checkpoints ⇄ luckystar (ModelConfig, params).
+
+One table (`_LAYER_TENSORS`) says how each HF tensor maps to our scanned param
+tree; both directions use it. PyTorch Linear weights are [out, in]; our kernels
+are [in, ...out] with heads split out.
+"""
+
+import json
+import pathlib
+from typing import Any
+
+import jax
+import numpy as np
+from safetensors import safe_open
+
+from luckystar.model.config import FULL, SLIDING, ModelConfig, pattern_layer_types
+
+MODEL_TYPES = ('cohere2', 'cohere')
+
+# (HF name inside `model.layers.{i}.`, our path inside the layer, kind) — kind says how to reshape.
+_LAYER_TENSORS = (
+    ('input_layernorm.weight', ('input_layernorm', 'weight'), 'vector'),
+    ('self_attn.q_proj.weight', ('self_attn', 'q_proj', 'kernel'), 'in_proj'),
+    ('self_attn.k_proj.weight', ('self_attn', 'k_proj', 'kernel'), 'in_proj'),
+    ('self_attn.v_proj.weight', ('self_attn', 'v_proj', 'kernel'), 'in_proj'),
+    ('self_attn.o_proj.weight', ('self_attn', 'o_proj', 'kernel'), 'out_proj'),
+    ('mlp.gate_proj.weight', ('mlp', 'gate_proj', 'kernel'), 'linear'),
+    ('mlp.up_proj.weight', ('mlp', 'up_proj', 'kernel'), 'linear'),
+    ('mlp.down_proj.weight', ('mlp', 'down_proj', 'kernel'), 'linear'),
+)
+_QK_NORM_TENSORS = (
+    ('self_attn.q_norm.weight', ('self_attn', 'q_norm', 'weight'), 'vector'),
+    ('self_attn.k_norm.weight', ('self_attn', 'k_norm', 'weight'), 'vector'),
+)
+
+
+def is_hf_dir(path: str | pathlib.Path) -> bool:
+  config = pathlib.Path(path) / 'config.json'
+  return config.is_file() and json.loads(config.read_text()).get('model_type') in MODEL_TYPES
+
+
+def config_from_hf(hf: dict[str, Any], path: str = 'config.json', **overrides: Any) -> ModelConfig:
+  """ModelConfig from a transformers config.json dict (Cohere2 with `layer_types` or the legacy
+  `sliding_window_pattern`, or Cohere v1)."""
+  model_type = hf.get('model_type')
+  if model_type not in MODEL_TYPES:
+    raise ValueError(f'{path}: model_type {model_type!r} is not supported; expected one of {MODEL_TYPES}')
+  if hf.get('attention_bias'):
+    raise ValueError(f'{path}: attention_bias=true is not supported (Cohere2 checkpoints have none)')
+  if not hf.get('tie_word_embeddings', True):
+    raise ValueError(f'{path}: untied embeddings are not supported (Cohere ties the LM head)')
+  rope = hf.get('rope_parameters') or {}
+  if rope.get('rope_type', 'default') != 'default':
+    raise ValueError(f'{path}: rope_type {rope["rope_type"]!r} is not supported; only default RoPE')
+  num_layers = hf['num_hidden_layers']
+  if model_type == 'cohere':
+    layer_types, window = (FULL,) * num_layers, None
+  elif hf.get('layer_types'):
+    layer_types, window = hf['layer_types'], hf.get('sliding_window')
+  else:
+    layer_types, window = pattern_layer_types(num_layers, hf.get('sliding_window_pattern', 4)), hf.get(
+        'sliding_window')
+  num_heads = hf['num_attention_heads']
+  if 'head_dim' in hf and hf['head_dim'] != hf['hidden_size'] // num_heads:
+    raise ValueError(f'{path}: head_dim {hf["head_dim"]} != hidden_size / num_attention_heads')
+  fields = dict(
+      vocab_size=hf['vocab_size'], hidden_size=hf['hidden_size'], intermediate_size=hf['intermediate_size'],
+      num_layers=num_layers, num_heads=num_heads, num_kv_heads=hf.get('num_key_value_heads') or num_heads,
+      layer_types=tuple(layer_types), sliding_window=window,
+      rope_theta=float(rope.get('rope_theta', hf.get('rope_theta', 10_000.0))),
+      layer_norm_eps=hf.get('layer_norm_eps', 1e-5), logit_scale=hf.get('logit_scale', 1.0),
+      max_position_embeddings=hf.get('max_position_embeddings', 8192),
+      use_qk_norm=bool(hf.get('use_qk_norm', False)), rope_on_full_layers=model_type == 'cohere')
+  if hf.get('hidden_act', 'silu') != 'silu':
+    raise ValueError(f'{path}: hidden_act {hf["hidden_act"]!r} is not supported; Cohere uses silu')
+  return ModelConfig(**{**fields, **overrides})
+
+
+def config_to_hf(config: ModelConfig, dtype: str = 'float32') -> dict[str, Any]:
+  """transformers config.json for our config (Cohere2, or Cohere v1 when RoPE is on every layer)."""
+  common = dict(
+      vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+      num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
+      num_key_value_heads=config.num_kv_heads, hidden_act='silu', layer_norm_eps=config.layer_norm_eps,
+      logit_scale=config.logit_scale, max_position_embeddings=config.max_position_embeddings,
+      rope_parameters={'rope_type': 'default', 'rope_theta': config.rope_theta}, attention_bias=False,
+      tie_word_embeddings=True, dtype=dtype)
+  if config.rope_on_full_layers:
+    if SLIDING in config.layer_types:
+      raise ValueError('Cohere v1 (RoPE on full layers) has no sliding-window layers')
+    return dict(model_type='cohere', architectures=['CohereForCausalLM'], use_qk_norm=config.use_qk_norm,
+                **common)
+  if config.use_qk_norm:
+    raise ValueError('Cohere2 has no QK-norm; it exists only in Cohere v1')
+  return dict(model_type='cohere2', architectures=['Cohere2ForCausalLM'], layer_types=list(config.layer_types),
+              sliding_window=config.sliding_window, **common)
+
+
+def _layer_tensors(config: ModelConfig):
+  return _LAYER_TENSORS + (_QK_NORM_TENSORS if config.use_qk_norm else ())
+
+
+def _to_ours(weight: np.ndarray, kind: str, path: tuple[str, ...], config: ModelConfig) -> np.ndarray:
+  if kind == 'vector':
+    return weight
+  if kind == 'linear':
+    return weight.T
+  heads = config.num_heads if path[1] in ('q_proj', 'o_proj') else config.num_kv_heads
+  if kind == 'in_proj':   # [heads·head_dim, embed] → [embed, heads, head_dim]
+    return weight.T.reshape(config.hidden_size, heads, config.head_dim)
+  return weight.T.reshape(heads, config.head_dim, config.hidden_size)  # out_proj: [embed, h·d] → [h, d, embed]
+
+
+def _to_hf(value: np.ndarray, kind: str) -> np.ndarray:
+  if kind == 'vector':
+    return value
+  if kind == 'linear':
+    return value.T
+  if kind == 'in_proj':
+    return value.reshape(value.shape[0], -1).T
+  return value.reshape(-1, value.shape[-1]).T
+
+
+def params_from_hf(tensors: dict[str, np.ndarray], config: ModelConfig, path: str = '<tensors>') -> dict:
+  """Our scanned param tree from HF tensor names; missing or unexpected names are errors."""
+  period, groups = config.layer_period, config.num_layers // config.layer_period
+  expected = {'model.embed_tokens.weight', 'model.norm.weight'}
+  layers = {}
+  for i in range(period):
+    layer = {}
+    for hf_name, ours, kind in _layer_tensors(config):
+      names = [f'model.layers.{g * period + i}.{hf_name}' for g in range(groups)]
+      expected.update(names)
+      if missing := [n for n in names if n not in tensors]:
+        raise ValueError(f'{path}: missing tensor {missing[0]}')
+      stacked = np.stack([_to_ours(np.asarray(tensors[n]), kind, ours, config) for n in names])
+      node = layer
+      for key in ours[:-1]:
+        node = node.setdefault(key, {})
+      node[ours[-1]] = stacked
+    layers[f'layer_{i}'] = layer
+  for name in ('model.embed_tokens.weight', 'model.norm.weight'):
+    if name not in tensors:
+      raise ValueError(f'{path}: missing tensor {name}')
+  # Some tied checkpoints still carry lm_head.weight (a copy of the embedding); it is ignored.
+  unexpected = set(tensors) - expected - {'lm_head.weight'}
+  if unexpected:
+    raise ValueError(f'{path}: unexpected tensors, e.g. {sorted(unexpected)[:3]}')
+  return {'embedding': np.asarray(tensors['model.embed_tokens.weight']), 'layers': layers,
+          'norm': {'weight': np.asarray(tensors['model.norm.weight'])}}
+
+
+def params_to_hf(params: Any, config: ModelConfig) -> dict[str, np.ndarray]:
+  """HF tensor names → numpy arrays (inverse of `params_from_hf`)."""
+  params = jax.tree.map(np.asarray, params)
+  period = config.layer_period
+  out = {'model.embed_tokens.weight': params['embedding'], 'model.norm.weight': params['norm']['weight']}
+  for i in range(period):
+    for hf_name, ours, kind in _layer_tensors(config):
+      stacked = params['layers'][f'layer_{i}']
+      for key in ours:
+        stacked = stacked[key]
+      for g, value in enumerate(stacked):
+        out[f'model.layers.{g * period + i}.{hf_name}'] = np.ascontiguousarray(_to_hf(value, kind))
+  return out
+
+
+def _safetensor_files(path: pathlib.Path) -> list[pathlib.Path]:
+  index = path / 'model.safetensors.index.json'
+  if index.is_file():
+    return sorted({path / f for f in json.loads(index.read_text())['weight_map'].values()})
+  files = sorted(path.glob('*.safetensors'))
+  if not files:
+    raise FileNotFoundError(f'{path}: no *.safetensors files (only safetensors checkpoints are supported)')
+  return files
+
+
+def read_safetensors(path: str | pathlib.Path) -> dict[str, np.ndarray]:
+  """All tensors of an HF directory as numpy (bf16 stays bf16 via ml_dtypes)."""
+  tensors = {}
+  for file in _safetensor_files(pathlib.Path(path)):
+    with safe_open(str(file), framework='flax') as f:
+      for name in f.keys():
+        tensors[name] = np.asarray(f.get_tensor(name))
+  return tensors
+
+
+def load_hf(path: str | pathlib.Path, **config_overrides: Any) -> tuple[ModelConfig, dict]:
+  """(config, params) from a transformers Cohere2/Cohere directory; params keep the file's dtype."""
+  path = pathlib.Path(path)
+  config_file = path / 'config.json'
+  if not config_file.is_file():
+    raise FileNotFoundError(f'{path}: no config.json; not a transformers model directory')
+  config = config_from_hf(json.loads(config_file.read_text()), str(config_file), **config_overrides)
+  return config, params_from_hf(read_safetensors(path), config, str(path))

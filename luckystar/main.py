@@ -1,0 +1,84 @@
+"""Entry point for every stage.
+
+    python -m luckystar.main --config=configs/<stage>.py[:variant] --workdir=DIR [--config.key=value ...]
+
+Writes DIR/config.json, then runs the stage named by `config.stage`
+(its module's `run(config, workdir)`).
+"""
+
+import importlib
+import pathlib
+import sys
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from luckystar import config as config_lib
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, 'Experiment config file, `file.py` or `file.py:variant`.', lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory; re-running on the same one resumes.')
+flags.mark_flags_as_required(['config', 'workdir'])
+
+# stage → module with `run(config, workdir)`.
+STAGE_MODULES = {
+    'sft': 'luckystar.train.sft',
+    'rejection_sampling': 'luckystar.train.rejection_sampling',
+    'rlvr': 'luckystar.train.rloo',
+    'dpo': 'luckystar.train.dpo',
+    'quantize': 'luckystar.quant.run',
+    'export': 'luckystar.interop.export',
+    'eval': 'luckystar.evals.run',
+    'pipeline': 'luckystar.pipeline',
+}
+assert set(STAGE_MODULES) == set(config_lib.STAGES)
+
+
+class StageNotBuiltError(RuntimeError):
+  pass
+
+
+def stage_module(stage: str):
+  """The module that runs `stage`; a clear error for unknown or not-yet-built stages."""
+  if stage not in STAGE_MODULES:
+    raise ValueError(f'config.stage={stage!r} is not a stage; expected one of {sorted(STAGE_MODULES)}')
+  name = STAGE_MODULES[stage]
+  try:
+    return importlib.import_module(name)
+  except ModuleNotFoundError as e:
+    if e.name is None or not name.startswith(e.name):
+      raise  # a missing dependency inside the stage, not a missing stage
+    raise StageNotBuiltError(f'stage {stage!r} is not built yet in this version of luckystar '
+                             f'(its module {name} does not exist); nothing was run') from None
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  config = _CONFIG.value
+  workdir = pathlib.Path(_WORKDIR.value)
+  try:
+    module = stage_module(config.stage)  # the first access also loads the config file
+  except (StageNotBuiltError, ValueError, OSError) as e:
+    raise SystemExit(f'error: {e}') from None
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / 'config.json').write_text(config.to_json_best_effort(indent=2) + '\n')
+  module.run(config, str(workdir))
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing, with unknown `--config.*` keys reported by name instead of a traceback."""
+  try:
+    return flags.FLAGS(argv)
+  except (AttributeError, KeyError) as e:  # ml_collections' locked-config error for an unknown key
+    key = str(e).strip('\'"')
+    given = [a.split('=')[0] for a in argv if a.startswith('--config.') and key in a.split('=')[0]]
+    sys.exit(f'error: unknown config key {key!r} (from {", ".join(given) or "a --config override"}); '
+             f'configs are locked, so an override must name a key the config file defines')
+  except flags.Error as e:
+    sys.exit(f'error: {e}\nUsage: python -m luckystar.main --config=configs/<stage>.py --workdir=DIR')
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,45 @@
+"""luckystar: the LuckyStar 111B recipe in one small JAX codebase.
+
+Install (CPU torch wheel first, so pip never pulls a CUDA build):
+    pip install torch==2.13.0 -e ".[test,torch]"
+"""
+
+import setuptools
+
+setuptools.setup(
+    name='luckystar',
+    version='0.1.0',
+    description='Hybrid SFT, RLVR (RLOO), DPO and int4 export for Korean/English tool-using agents, in JAX.',
+    long_description=open('README.md', encoding='utf-8').read(),
+    long_description_content_type='text/markdown',
+    license='Apache-2.0',
+    python_requires='>=3.11',
+    packages=setuptools.find_packages(include=['luckystar', 'luckystar.*']),
+    package_data={'luckystar': ['assets/*.model', 'assets/**/*']},
+    install_requires=[
+        'jax>=0.10,<0.11',        # newer jax needs Python >= 3.12
+        'flax>=0.12.8,<0.13',
+        'optax>=0.2.6,<0.3',
+        'orbax-checkpoint>=0.12,<0.13',
+        'grain>=0.2.18,<0.3',
+        'tensorstore>=0.1.70',
+        'sentencepiece>=0.2,<0.3',
+        'ml-collections>=1.1,<2',
+        'chex>=0.1.90',
+        'aqtp>=0.9,<0.10',        # imports as aqt.jax.v2; the PyPI package `aqt` is unrelated
+        'math-verify>=0.9,<0.10',
+        'sqlglot>=30',
+        'absl-py>=2',
+        'numpy>=2',
+        'safetensors>=0.6',
+        'faker>=40',              # real Korean/English names, addresses, companies for generated data
+        'tqdm>=4.66',
+        'matplotlib>=3.9',
+        'tensorboardX>=2.6',
+    ],
+    extras_require={
+        'test': ['pytest>=8', 'hypothesis>=6.100', 'nbclient>=0.10', 'nbformat>=5.10', 'ipykernel>=6'],
+        # torch stays a range that the local CPU wheel torch==2.13.0 satisfies.
+        'torch': ['torch>=2.4,<2.15', 'transformers>=5,<6', 'compressed-tensors>=0.20'],
+    },
+)

@@ -1,0 +1,65 @@
+"""luckystar.load: what it accepts, and the errors it gives for what it does not."""
+
+import shutil
+
+import numpy as np
+import pytest
+
+import luckystar
+from luckystar import tokenizer as tokenizer_lib
+
+transformers = pytest.importorskip('transformers')
+
+
+@pytest.fixture(scope='module')
+def hf_dir(tmp_path_factory):
+  path = tmp_path_factory.mktemp('hf')
+  config = transformers.Cohere2Config(
+      vocab_size=tokenizer_lib.VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+      num_attention_heads=4, num_key_value_heads=2, sliding_window=4, pad_token_id=0, bos_token_id=2,
+      eos_token_id=3)
+  transformers.Cohere2ForCausalLM(config).save_pretrained(path)
+  return path
+
+
+def test_load_reads_our_tokenizer_when_present(hf_dir, tmp_path):
+  assert luckystar.load(hf_dir).tokenizer is None
+  with_tokenizer = tmp_path / 'with_tokenizer'
+  shutil.copytree(hf_dir, with_tokenizer)
+  shutil.copy(tokenizer_lib.DEFAULT_PATH, with_tokenizer / 'tokenizer.model')
+  model = luckystar.load(with_tokenizer)
+  ids, _ = model.tokenizer.render([{'role': 'user', 'content': '2+3은?'}], 'concise', add_generation_prompt=True)
+  logits = model.logits(np.array([ids]))
+  assert logits.shape == (1, len(ids), tokenizer_lib.VOCAB_SIZE) and np.isfinite(logits).all()
+
+
+def test_load_casts_to_the_requested_param_dtype(hf_dir):
+  model = luckystar.load(hf_dir, param_dtype='bfloat16', dtype='bfloat16')
+  assert model.params['embedding'].dtype.name == 'bfloat16'
+  assert model.logits(np.zeros((1, 3), np.int32)).dtype.name == 'float32'
+
+
+def test_logits_reject_bad_ids(hf_dir):
+  model = luckystar.load(hf_dir)
+  with pytest.raises(ValueError, match=r'\[batch, length\]'):
+    model.logits(np.zeros(3, np.int32))
+  with pytest.raises(ValueError, match='token ids must lie in'):
+    model.logits(np.array([[tokenizer_lib.VOCAB_SIZE]]))
+
+
+def test_load_errors_name_the_path(tmp_path):
+  with pytest.raises(FileNotFoundError, match='no-such-dir'):
+    luckystar.load(tmp_path / 'no-such-dir')
+  with pytest.raises(ValueError, match='not a model directory'):
+    luckystar.load(tmp_path)
+  (tmp_path / 'config.json').write_text('{"model_type": "llama"}')
+  with pytest.raises(ValueError, match='not a model directory'):
+    luckystar.load(tmp_path)
+
+
+def test_bundled_names_that_are_not_built_yet_say_so():
+  from luckystar import api
+  for name in api.BUNDLED_MODELS:
+    if not (api.BUNDLED_DIR / name).is_dir():
+      with pytest.raises(FileNotFoundError, match='not built yet'):
+        luckystar.load(name)

@@ -1,10 +1,9 @@
 """Seeded bilingual (Korean/English) text for training the tokenizer.
 
-Real Korean and English strings come from Faker's `ko_KR` / `en_US` locale data
-(names, addresses, companies, jobs); sentences around them are generated from
-templates covering what the model will read and write: math word problems,
-SQL, JSON tool calls, step-by-step reasoning, short chat answers. The task
-suites of `luckystar.data` add their own text here once they exist.
+Two parts: every text field of the generated task suites (prompts, schemas,
+tool docs, traces, answers, gold SQL — what the model will read and write),
+and template sentences around real Korean and English strings from Faker's
+`ko_KR` / `en_US` locale data (names, addresses, companies, jobs), for breadth.
 """
 
 import json
@@ -12,6 +11,9 @@ import random
 from typing import Iterator
 
 import faker
+
+from luckystar import tokenizer
+from luckystar.data import examples, suites
 
 _KO_TEMPLATES = (
     '{name}은(는) 사과를 {a}개 가지고 있고, {b}개를 더 샀습니다. 사과는 모두 몇 개입니까?',
@@ -65,8 +67,28 @@ def _tool_call(rng: random.Random, fields: dict) -> str:
   return json.dumps(call, ensure_ascii=False)
 
 
-def tokenizer_corpus(seed: int = 0, num_lines: int = 40_000) -> Iterator[str]:
-  """Deterministic lines of Korean, English, SQL and JSON text."""
+def suite_text(seed: int = 0, db_dir: str | None = None) -> Iterator[str]:
+  """Every text field of the train and teacher splits of every task suite, and the chat preambles.
+  Held-out text stays out, so evaluation prompts are as unseen to the tokenizer as to the model."""
+  yield from tokenizer.PREAMBLES.values()
+  for task in examples.TASKS:
+    for example in suites.load(task, seed=seed, db_dir=db_dir):
+      if example.split == 'heldout':
+        continue
+      for text in (example.prompt, example.answer, example.system, example.thinking, example.thinking_ko,
+                   example.response):
+        if text:
+          yield text
+
+
+def tokenizer_corpus(seed: int = 0, num_lines: int = 40_000, db_dir: str | None = None) -> Iterator[str]:
+  """Deterministic lines of Korean, English, SQL and JSON text: the task suites, then templates."""
+  yield from suite_text(seed, db_dir)
+  yield from template_text(seed, num_lines)
+
+
+def template_text(seed: int = 0, num_lines: int = 40_000) -> Iterator[str]:
+  """Template sentences around Faker's real Korean and English names, places and companies."""
   rng = random.Random(seed)
   fake_ko, fake_en = faker.Faker('ko_KR'), faker.Faker('en_US')
   fake_ko.seed_instance(seed)

@@ -1,0 +1,73 @@
+"""Concise chat Q&A with short reference answers, in Korean and English.
+
+The concise mode's data: questions a post-trained assistant answers in a few
+words. A response is correct when it contains the reference answer.
+"""
+
+import random
+from typing import Iterator
+
+from luckystar.data.examples import Example, dedupe, split_of
+
+CAPITALS = (('France', 'Paris', '프랑스', '파리'), ('Japan', 'Tokyo', '일본', '도쿄'), ('Korea', 'Seoul', '한국', '서울'),
+            ('Germany', 'Berlin', '독일', '베를린'), ('Italy', 'Rome', '이탈리아', '로마'),
+            ('Spain', 'Madrid', '스페인', '마드리드'), ('Egypt', 'Cairo', '이집트', '카이로'),
+            ('Canada', 'Ottawa', '캐나다', '오타와'), ('Australia', 'Canberra', '호주', '캔버라'),
+            ('Thailand', 'Bangkok', '태국', '방콕'), ('Vietnam', 'Hanoi', '베트남', '하노이'),
+            ('Russia', 'Moscow', '러시아', '모스크바'), ('China', 'Beijing', '중국', '베이징'),
+            ('England', 'London', '영국', '런던'), ('Mexico', 'Mexico City', '멕시코', '멕시코시티'))
+DAYS = (('Monday', '월요일'), ('Tuesday', '화요일'), ('Wednesday', '수요일'), ('Thursday', '목요일'),
+        ('Friday', '금요일'), ('Saturday', '토요일'), ('Sunday', '일요일'))
+OPPOSITES = (('hot', 'cold', '뜨겁다', '차갑다'), ('big', 'small', '크다', '작다'), ('fast', 'slow', '빠르다', '느리다'),
+             ('high', 'low', '높다', '낮다'), ('long', 'short', '길다', '짧다'), ('light', 'heavy', '가볍다', '무겁다'))
+
+
+def _capital(rng):
+  en, capital, ko, capital_ko = rng.choice(CAPITALS)
+  return (f'What is the capital of {en}?', capital, f'The capital of {en} is {capital}.',
+          f'{ko}의 수도는 어디인가요?', capital_ko, f'{ko}의 수도는 {capital_ko}입니다.')
+
+
+def _next_day(rng):
+  i = rng.randrange(7)
+  (en, ko), (next_en, next_ko) = DAYS[i], DAYS[(i + 1) % 7]
+  return (f'What day comes after {en}?', next_en, f'{next_en}.', f'{ko} 다음 날은 무슨 요일인가요?', next_ko,
+          f'{next_ko}입니다.')
+
+
+def _opposite(rng):
+  en, opposite, ko, opposite_ko = rng.choice(OPPOSITES)
+  return (f'What is the opposite of "{en}"?', opposite, f'"{opposite}".', f'"{ko}"의 반대말은 무엇인가요?',
+          opposite_ko, f'"{opposite_ko}"입니다.')
+
+
+def _minutes(rng):
+  hours = rng.randint(2, 48)
+  minutes = str(hours * 60)
+  return (f'How many minutes are in {hours} hours?', minutes, f'{minutes} minutes.', f'{hours}시간은 몇 분인가요?',
+          minutes, f'{minutes}분입니다.')
+
+
+def _sum(rng):
+  a, b = rng.randint(2, 99), rng.randint(2, 99)
+  return (f'What is {a} + {b}?', str(a + b), f'{a + b}.', f'{a} 더하기 {b}는 얼마인가요?', str(a + b),
+          f'{a + b}입니다.')
+
+
+_DRAWS = (_capital, _next_day, _opposite, _minutes, _sum)
+
+
+def generate(seed: int = 0, count: int = 1500) -> Iterator[Example]:
+  rng = random.Random(f'chat:{seed}')
+  for _ in range(count):
+    draw = rng.choice(_DRAWS)
+    en, en_answer, en_response, ko, ko_answer, ko_response = draw(rng)
+    split = split_of(en, seed)
+    for language, prompt, answer, response in (('en', en, en_answer, en_response), ('ko', ko, ko_answer, ko_response)):
+      yield Example(id=f'chat-{draw.__name__[1:]}-{language}-{rng.getrandbits(32):08x}', task='chat',
+                    language=language, split=split, prompt=prompt, answer=answer, response=response,
+                    meta={'kind': draw.__name__[1:]})
+
+
+def suite(seed: int = 0, count: int = 1500) -> list[Example]:
+  return dedupe(generate(seed, count))

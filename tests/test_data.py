@@ -1,6 +1,7 @@
 """Generated task suites, splits, Korean particles and the real-format loaders."""
 
 import collections
+import dataclasses
 import json
 import sqlite3
 
@@ -177,3 +178,21 @@ def test_math_and_kobalt_jsonl(tmp_path):
   mc.write_text(mc.read_text().splitlines()[0] + '\n')
   (example,) = loaders.load_kobalt_jsonl(mc)
   assert example.answer == 'B' and example.meta == {'Class': 'Syntax'}
+
+
+def test_nl2sql_curation_reports_each_reason(db_dir):
+  from luckystar import tokenizer
+  paths = nl2sql.build_databases(db_dir)
+  base = next(e for e in nl2sql.suite(paths) if e.meta['db_id'] == 'sales_0')
+  n = nl2sql.names('sales', 0)
+  cases = {'kept': base.answer, 'gold_failed': 'SELEC broken', 'empty_result': f'SELECT name FROM {n["customers"]} '
+           "WHERE name = 'nobody'", 'too_long': f'SELECT * FROM {n["orders"]}'}
+  examples = [dataclasses.replace(base, id=reason, answer=sql) for reason, sql in cases.items()]
+  examples.append(dataclasses.replace(base, id='null_sum', answer=f'SELECT SUM({n["price"]}) FROM {n["products"]} '
+                                                                  'WHERE 0'))
+  tok = tokenizer.default()
+  kept, report = nl2sql.curate(examples, paths, lambda text: len(tok.encode(text)))
+  assert [e.id for e in kept] == ['kept']
+  assert report == {'kept': 1, 'gold_failed': 1, 'empty_result': 2, 'too_long': 1}
+  curated = suites.load('nl2sql', db_dir=db_dir)
+  assert 0 < len(curated) <= len(nl2sql.suite(paths))

@@ -72,7 +72,7 @@ def suite_text(seed: int = 0, db_dir: str | None = None) -> Iterator[str]:
   Held-out text stays out, so evaluation prompts are as unseen to the tokenizer as to the model."""
   yield from tokenizer.PREAMBLES.values()
   for task in examples.TASKS:
-    for example in suites.load(task, seed=seed, db_dir=db_dir):
+    for example in suites.load(task, seed=seed, db_dir=db_dir, curate=False):
       if example.split == 'heldout':
         continue
       for text in (example.prompt, example.answer, example.system, example.thinking, example.thinking_ko,

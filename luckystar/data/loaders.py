@@ -6,12 +6,12 @@ Every loader names the file and line of a malformed record.
 import json
 import pathlib
 import re
-import sqlite3
 from typing import Any, Iterator
 
 from luckystar.data import korean_mc
 from luckystar.data.examples import Example
-from luckystar.data.nl2sql import schema_text
+from luckystar.rewards import language as rewards_language
+from luckystar.tools import sql as sql_tool
 
 _WHITESPACE = re.compile(r'\s*')
 
@@ -70,8 +70,8 @@ def _field(record: dict, names: tuple[str, ...], path, line, kind=str):
 
 def _language(record: dict, text: str, path, line) -> str:
   language = record.get('language')
-  if language is None:  # script-based: any Hangul makes a prompt Korean for these formats
-    return 'ko' if re.search('[가-힣]', text) else 'en'
+  if language is None:  # the one prompt-language rule; text with no clear language (e.g. "1+1?") is tagged en
+    return rewards_language.classify_prompt(text) or 'en'
   if language not in ('ko', 'en'):
     raise ValueError(f'{path}:{line}: language must be "ko" or "en", got {language!r}')
   return language
@@ -90,11 +90,7 @@ def load_spider(questions: str | pathlib.Path, database_dir: str | pathlib.Path,
     if name not in schemas:
       if not db_path.is_file():
         raise ValueError(f'{questions}:{line}: database {db_path} does not exist')
-      conn = sqlite3.connect(f'file:{db_path}?mode=ro', uri=True)
-      try:
-        schemas[name] = schema_text(conn)
-      finally:
-        conn.close()
+      schemas[name] = sql_tool.schema(db_path)
     evidence = record.get('evidence')
     prompt = f'{question}\n(Hint: {evidence})' if evidence else question
     examples.append(Example(

@@ -22,6 +22,7 @@ from typing import Callable, Iterator
 import faker
 
 from luckystar.data.examples import SPLITS, Example, dedupe
+from luckystar.tools import sql as sql_tool
 
 VERSION = 2
 # instance → (split, naming variant). Three training databases per domain share one schema wording
@@ -407,20 +408,14 @@ def _format_names(n: dict[str, str]) -> dict[str, str]:
   return {**n, **{f'{k}_col': v for k, v in n.items()}}
 
 
-def schema_text(conn: sqlite3.Connection) -> str:
-  """CREATE TABLE statements, one line each (whitespace collapsed), for the system turn."""
-  return '\n'.join(' '.join(row[0].split()) + ';' for row in conn.execute(
-      "SELECT sql FROM sqlite_master WHERE type = 'table' ORDER BY name"))
-
-
 def generate(db_paths: dict[str, pathlib.Path], per_template: int = 30, seed: int = 0) -> Iterator[Example]:
   rng = random.Random(f'nl2sql-questions:{seed}')
   for name, path in sorted(db_paths.items()):
     domain, instance = name.rsplit('_', 1)
     n = names(domain, int(instance))
-    conn = sqlite3.connect(f'file:{path}?mode=ro', uri=True)
+    schema = sql_tool.schema(path)
+    conn = sqlite3.connect(f'file:{path}?mode=ro', uri=True)  # our own database: values for the templates
     try:
-      schema = schema_text(conn)
       for index, template in enumerate(t for t in TEMPLATES if t.domain == domain):
         for _ in range(per_template):
           values = template.values(rng, conn, n)
@@ -450,3 +445,30 @@ def suite(db_paths: dict[str, pathlib.Path] | None = None, per_template: int = 3
     taken.update(e.prompt for e in here)
     kept += here
   return kept
+
+
+# ---- curation (DESIGN §5) ----------------------------------------------------------------------
+
+CURATION_REASONS = ('kept', 'gold_failed', 'empty_result', 'too_long')
+
+
+def curate(examples: list[Example], db_paths: dict[str, pathlib.Path], count_tokens: Callable[[str], int], *,
+           max_tokens: int = 500, timeout_s: float = 5.0) -> tuple[list[Example], dict[str, int]]:
+  """Keeps a (question, gold SQL, database) triple only if the gold executes in the sandbox, returns at
+  least one row with a non-NULL value, and its rendered result is 1–`max_tokens` tokens.
+  Returns (kept, count per reason)."""
+  kept, report = [], dict.fromkeys(CURATION_REASONS, 0)
+  for example in examples:
+    path = db_paths[example.meta['db_id']] if example.meta.get('db_id') in db_paths else example.meta['db_path']
+    result = sql_tool.execute(path, example.answer, timeout_s=timeout_s, max_rows=max_tokens)
+    if not result.ok:
+      reason = 'gold_failed'
+    elif all(value is None for row in result.rows for value in row):  # no rows, or only NULLs (SUM of nothing)
+      reason = 'empty_result'
+    elif result.truncated or not 1 <= count_tokens(sql_tool.format_result(result, max_chars=100_000)) <= max_tokens:
+      reason = 'too_long'
+    else:
+      reason = 'kept'
+      kept.append(example)
+    report[reason] += 1
+  return kept, report

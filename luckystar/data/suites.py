@@ -3,26 +3,33 @@
 import functools
 import pathlib
 
+from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import chat, function_calling, korean_mc, math_problems, nl2sql
 from luckystar.data.examples import SPLITS, TASKS, Example
 
 
 @functools.lru_cache(maxsize=None)
-def _all(task: str, seed: int, db_dir: str | None) -> tuple[Example, ...]:
+def _all(task: str, seed: int, db_dir: str | None, curate: bool) -> tuple[Example, ...]:
   if task == 'nl2sql':
-    return tuple(nl2sql.suite(nl2sql.build_databases(db_dir, seed), seed=seed))
+    paths = nl2sql.build_databases(db_dir, seed)
+    examples = nl2sql.suite(paths, seed=seed)
+    if curate:
+      tokenizer = tokenizer_lib.default()
+      examples, _ = nl2sql.curate(examples, paths, lambda text: len(tokenizer.encode(text)))
+    return tuple(examples)
   generators = {'math': math_problems.suite, 'function_calling': function_calling.suite,
                 'korean_mc': korean_mc.suite, 'chat': chat.suite}
   return tuple(generators[task](seed))
 
 
-def load(task: str, split: str | None = None, *, seed: int = 0, db_dir: str | pathlib.Path | None = None
-         ) -> list[Example]:
+def load(task: str, split: str | None = None, *, seed: int = 0, db_dir: str | pathlib.Path | None = None,
+         curate: bool = True) -> list[Example]:
   """Examples of one task (all splits when `split` is None). NL2SQL databases are built on first use
-  under `db_dir` (default `nl2sql.default_dir()`)."""
+  under `db_dir` (default `nl2sql.default_dir()`), and NL2SQL questions are curated
+  (`nl2sql.curate`) unless `curate=False`."""
   if task not in TASKS:
     raise ValueError(f'unknown task {task!r}; expected one of {TASKS}')
   if split is not None and split not in SPLITS:
     raise ValueError(f'unknown split {split!r}; expected one of {SPLITS}')
-  examples = _all(task, seed, str(db_dir) if db_dir else None)
+  examples = _all(task, seed, str(db_dir) if db_dir else None, curate)
   return [e for e in examples if split is None or e.split == split]

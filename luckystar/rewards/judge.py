@@ -1,0 +1,301 @@
+"""LLM-judge fallback: a binary verdict where rule verifiers cannot decide (DESIGN §5). Off by default.
+
+Rule verifiers always run first; a judge is asked only what they leave open,
+e.g. whether two answers are equivalent beyond what math-verify can prove, or
+whether a mixed Korean/English response is Korean. A judge is a callable
+
+    verdict = judge(question, reference, candidate, criterion='equivalent')  # True / False / None
+
+None means the judge failed (timeout, server error, an answer that is neither
+YES nor NO): it is counted in `judge.stats.failures` and must never be read as
+False. Backends share the prompt, the verdict parsing and an LRU verdict cache;
+they differ only in how a prompt becomes text:
+
+- `HttpJudge`: an OpenAI-compatible `/v1/chat/completions` endpoint, e.g. a
+  vLLM server of our exported checkpoint (`vllm serve out/hf --port 8000`).
+- `ModelJudge`: any `generate_fn(prompt_text) -> text`, e.g. a loaded luckystar
+  model's greedy generate.
+
+Build one from the config with `make_judge(config.judge)`; `{'backend': 'none'}`
+(the default) gives None, and callers then skip the judge.
+"""
+
+import collections
+import dataclasses
+import hashlib
+import http.client
+import json
+import os
+import re
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Callable, Mapping
+
+from absl import logging
+
+CRITERIA = {
+    'equivalent': (
+        'Does the candidate answer give the same final answer as the reference answer to the question? '
+        'Ignore formatting, units written differently, rounding in the last digit and extra explanation; '
+        'a different value, a missing part or a hedge between several answers is not the same.'),
+    'language': (
+        'Is the candidate response written in {reference}? Judge the language of its sentences; '
+        'names, numbers, code, SQL and table or column names do not count.'),
+}
+PROMPT = """You are a strict grader. {instruction}
+
+[Question]
+{question}
+
+[Reference]
+{reference}
+
+[Candidate]
+{candidate}
+
+Answer with one word: YES or NO."""
+
+_VERDICT_WORDS = {'yes': True, 'true': True, '예': True, '네': True,
+                  'no': False, 'false': False, '아니오': False, '아니요': False, '아니': False}
+_VERDICT_RE = re.compile(r'\b(' + '|'.join(sorted(_VERDICT_WORDS, key=len, reverse=True)) + r')\b', re.IGNORECASE)
+_THINKING_RE = re.compile(r'<think>.*?(?:</think>|\Z)', re.DOTALL | re.IGNORECASE)
+CONFIG_KEYS = ('backend', 'base_url', 'model', 'timeout_s', 'retries', 'backoff_s', 'api_key_env',
+               'max_tokens', 'cache_size')
+BACKENDS = ('none', 'http', 'model')
+
+
+class JudgeError(Exception):
+  """The backend produced no usable text (network, server or payload failure)."""
+
+
+class _Retryable(JudgeError):
+  """A failure that may pass: timeout, connection error, 429 or 5xx."""
+
+
+def render_prompt(question: str, reference: str, candidate: str, criterion: str) -> str:
+  """The one prompt both backends send."""
+  if criterion not in CRITERIA:
+    raise ValueError(f'unknown judge criterion {criterion!r}; expected one of {tuple(CRITERIA)} '
+                     f'(add a template to luckystar.rewards.judge.CRITERIA for a new one)')
+  instruction = CRITERIA[criterion].format(reference=reference)
+  return PROMPT.format(instruction=instruction, question=question or '(none)', reference=reference,
+                       candidate=candidate)
+
+
+def parse_verdict(text: str | None) -> bool | None:
+  """YES/NO (also 예/네, 아니오/아니요, true/false) → bool; None when absent or contradictory.
+
+  The first word decides ("No. The candidate..."); otherwise a verdict word
+  anywhere counts if all such words agree ("The answer is YES."). A reasoning
+  model's <think> block is skipped.
+  """
+  if not isinstance(text, str):
+    return None
+  text = _THINKING_RE.sub(' ', text).strip()
+  first = re.match(r'[\W_]*(\w+)', text)
+  if first and first.group(1).lower() in _VERDICT_WORDS:
+    return _VERDICT_WORDS[first.group(1).lower()]
+  found = {_VERDICT_WORDS[word.lower()] for word in _VERDICT_RE.findall(text)}
+  return found.pop() if len(found) == 1 else None
+
+
+@dataclasses.dataclass
+class JudgeStats:
+  """Counters for metrics: calls = verdicts asked for, requests = backend attempts (retries included)."""
+  calls: int = 0
+  cache_hits: int = 0
+  requests: int = 0
+  failures: int = 0
+
+  def as_metrics(self, prefix: str = 'judge') -> dict[str, int]:
+    return {f'{prefix}/{field.name}': getattr(self, field.name) for field in dataclasses.fields(self)}
+
+
+class Judge:
+  """Prompt, cache, verdict parsing and counters; a backend implements `_complete(prompt) -> text`."""
+
+  def __init__(self, *, cache_size: int = 4096):
+    if cache_size < 0:
+      raise ValueError(f'cache_size must be ≥ 0 (0 disables the cache), got {cache_size}')
+    self.cache_size = cache_size
+    self.stats = JudgeStats()
+    self._cache: collections.OrderedDict[str, bool] = collections.OrderedDict()
+    self._lock = threading.Lock()  # rollouts may judge from several threads
+
+  def _complete(self, prompt: str) -> str:
+    raise NotImplementedError
+
+  def __call__(self, question: str, reference: str, candidate: str, *, criterion: str) -> bool | None:
+    """True/False verdict on `candidate` under `criterion`; None if the judge failed (counted)."""
+    prompt = render_prompt(question, reference, candidate, criterion)
+    key = hashlib.sha256(json.dumps([criterion, question, reference, candidate]).encode()).hexdigest()
+    with self._lock:
+      self.stats.calls += 1
+      if key in self._cache:
+        self.stats.cache_hits += 1
+        self._cache.move_to_end(key)
+        return self._cache[key]
+    try:
+      text = self._complete(prompt)
+    except JudgeError as error:
+      with self._lock:
+        self.stats.failures += 1
+      logging.warning('judge failed (%s failures so far): %s', self.stats.failures, error)
+      return None
+    verdict = parse_verdict(text)
+    with self._lock:
+      if verdict is None:
+        self.stats.failures += 1
+        logging.warning('judge answered neither YES nor NO (%s failures so far): %.200r',
+                        self.stats.failures, text)
+        return None
+      if self.cache_size:  # only verdicts are cached: a failure is retried on the next call
+        self._cache[key] = verdict
+        while len(self._cache) > self.cache_size:
+          self._cache.popitem(last=False)
+    return verdict
+
+  def _count_request(self) -> None:
+    with self._lock:
+      self.stats.requests += 1
+
+
+class ModelJudge(Judge):
+  """A judge backed by any `generate_fn(prompt_text) -> text` (greedy decoding expected).
+
+  Errors raised by generate_fn propagate: an in-process model failing is a bug
+  to see, not a flaky network to retry.
+  """
+
+  def __init__(self, generate_fn: Callable[[str], str], *, cache_size: int = 4096):
+    super().__init__(cache_size=cache_size)
+    if not callable(generate_fn):
+      raise TypeError(f'generate_fn must be a callable prompt_text -> text, got {type(generate_fn).__name__}')
+    self.generate_fn = generate_fn
+
+  def _complete(self, prompt: str) -> str:
+    self._count_request()
+    text = self.generate_fn(prompt)
+    if not isinstance(text, str):
+      raise JudgeError(f'generate_fn returned {type(text).__name__}, expected str')
+    return text
+
+
+def chat_completions_url(base_url: str) -> str:
+  """'http://host:8000', '.../v1' or the full endpoint → the chat-completions endpoint."""
+  url = base_url.rstrip('/')
+  if url.endswith('/chat/completions'):
+    return url
+  return url + ('/chat/completions' if url.endswith('/v1') else '/v1/chat/completions')
+
+
+class HttpJudge(Judge):
+  """A judge behind an OpenAI-compatible chat-completions server (vLLM, SGLang, TGI, ...).
+
+  Temperature 0 and a few output tokens. Timeouts, connection errors, 429 and
+  5xx are retried `retries` times with exponential backoff (backoff_s, 2·backoff_s, ...);
+  other 4xx errors are the request's fault (wrong model name, bad key) and fail at once.
+  """
+
+  def __init__(self, base_url: str, model: str, *, timeout_s: float = 10.0, retries: int = 2,
+               backoff_s: float = 0.5, api_key: str | None = None, max_tokens: int = 8,
+               cache_size: int = 4096):
+    super().__init__(cache_size=cache_size)
+    if not base_url or not model:
+      raise ValueError(f'HttpJudge needs base_url and model (the served model name), got '
+                       f'base_url={base_url!r}, model={model!r}')
+    if retries < 0 or timeout_s <= 0 or backoff_s < 0:
+      raise ValueError(f'need retries ≥ 0, timeout_s > 0, backoff_s ≥ 0; got {retries}, {timeout_s}, {backoff_s}')
+    self.url = chat_completions_url(base_url)
+    self.model = model
+    self.timeout_s = timeout_s
+    self.retries = retries
+    self.backoff_s = backoff_s
+    self.api_key = api_key
+    self.max_tokens = max_tokens
+
+  def payload(self, prompt: str) -> dict[str, Any]:
+    return {'model': self.model, 'messages': [{'role': 'user', 'content': prompt}],
+            'temperature': 0, 'max_tokens': self.max_tokens}
+
+  def _request(self, body: bytes) -> str:
+    """One attempt. Raises _Retryable for what may pass, JudgeError for what will not."""
+    headers = {'Content-Type': 'application/json'}
+    if self.api_key:
+      headers['Authorization'] = f'Bearer {self.api_key}'
+    request = urllib.request.Request(self.url, data=body, headers=headers, method='POST')
+    self._count_request()
+    try:
+      with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+        raw = response.read()
+    except urllib.error.HTTPError as error:
+      detail = error.read(300).decode('utf-8', 'replace')
+      message = f'{self.url}: HTTP {error.code} {detail}'
+      if error.code == 429 or error.code >= 500:
+        raise _Retryable(message) from error
+      raise JudgeError(f'{message} (not retried: check the model name {self.model!r} and the API key)'
+                       ) from error
+    except (urllib.error.URLError, http.client.HTTPException, socket.timeout, TimeoutError,
+            ConnectionError) as error:
+      raise _Retryable(f'{self.url}: {error}') from error
+    try:
+      return json.loads(raw)['choices'][0]['message']['content']
+    except (ValueError, KeyError, IndexError, TypeError) as error:
+      raise JudgeError(f'{self.url}: not a chat-completions response: {raw[:200]!r}') from error
+
+  def _complete(self, prompt: str) -> str:
+    body = json.dumps(self.payload(prompt)).encode()
+    for attempt in range(self.retries):
+      try:
+        return self._request(body)
+      except _Retryable as error:
+        logging.info('judge request failed, retrying: %s', error)
+        time.sleep(self.backoff_s * 2 ** attempt)
+    try:
+      return self._request(body)
+    except _Retryable as error:
+      raise JudgeError(f'{error} (gave up after {self.retries + 1} attempts)') from error
+
+
+def make_judge(config: Mapping[str, Any] | None, *, generate_fn: Callable[[str], str] | None = None
+               ) -> Judge | None:
+  """A judge from `config.judge`, or None when it is off (`backend: 'none'`, the default).
+
+  Keys: backend ('none' | 'http' | 'model'); for 'http': base_url, model,
+  timeout_s, retries, backoff_s, max_tokens, api_key_env (the name of the
+  environment variable holding the key, so the key never lands in config.json);
+  cache_size for both. 'model' needs `generate_fn`, e.g. a loaded model's
+  greedy generate, and ignores the http keys (a config may define them all).
+  """
+  if config is None:
+    return None
+  config = dict(config.to_dict() if hasattr(config, 'to_dict') else config)
+  unknown = sorted(set(config) - set(CONFIG_KEYS))
+  if unknown:
+    raise ValueError(f'config.judge has unknown keys {unknown}; known keys: {CONFIG_KEYS}')
+  backend = config.pop('backend', 'none') or 'none'
+  if backend not in BACKENDS:
+    raise ValueError(f'config.judge.backend={backend!r}; expected one of {BACKENDS}')
+  if backend == 'none':
+    return None
+  cache = {'cache_size': config.pop('cache_size')} if 'cache_size' in config else {}
+  if backend == 'model':
+    if generate_fn is None:
+      raise ValueError("config.judge.backend='model' needs generate_fn= (a callable prompt_text -> text, "
+                       "e.g. a loaded luckystar model's greedy generate)")
+    return ModelJudge(generate_fn, **cache)
+  for key in ('base_url', 'model'):
+    if not config.get(key):
+      raise ValueError(f"config.judge.backend='http' needs config.judge.{key} "
+                       f"(e.g. base_url='http://127.0.0.1:8000', model=<the served model name>)")
+  api_key = None
+  if config.get('api_key_env'):
+    api_key = os.environ.get(config['api_key_env'])
+    if not api_key:
+      raise ValueError(f"config.judge.api_key_env={config['api_key_env']!r}, but that environment variable "
+                       f'is empty or unset')
+  options = {key: config[key] for key in ('timeout_s', 'retries', 'backoff_s', 'max_tokens') if key in config}
+  return HttpJudge(config['base_url'], config['model'], api_key=api_key, **options, **cache)

@@ -1,0 +1,104 @@
+"""The RLVR reward: r = correctness − penalty · [response language ≠ prompt language] (paper eq. 1).
+
+Correctness comes from the task's one verifier, reading only the response section
+(or the action, for function calling), after a format check: a missing response
+or an action that is not valid JSON is incorrect. A sample the verifiers cannot
+score (gold SQL fails, the math worker times out) has `correct=None` and no
+reward: callers count it (`train/unscorable`) and leave it out, never score it 0.
+"""
+
+import dataclasses
+import functools
+import json
+import re
+from typing import Sequence
+
+from luckystar import tools
+from luckystar.data.examples import Example
+from luckystar.rewards import choice, function_call, language
+from luckystar.rewards import math as math_reward
+from luckystar.rewards import sql as sql_reward
+from luckystar.tokenizer import AssistantTurn
+
+DEFAULT_LANGUAGE_PENALTY = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+  correct: bool | None        # None: unscorable
+  format_ok: bool
+  language_mismatch: bool
+  reward: float | None        # None exactly when correct is None
+  judged: bool = False        # the judge, not a rule, decided correctness
+
+
+@functools.lru_cache(maxsize=100_000)
+def prompt_language(prompt: str) -> str | None:
+  """Classified once per prompt, up front; None (ambiguous) means no language penalty."""
+  return language.classify_prompt(prompt)
+
+
+def format_ok(task: str, turn: AssistantTurn, actions: Sequence[str]) -> bool:
+  """Every action parses as a tool call; the final answer section is present and non-empty."""
+  if any(function_call.parse_calls(a) is None for a in actions):
+    return False
+  if task == 'function_calling':
+    return bool(actions)
+  return bool(turn.response and turn.response.strip())
+
+
+def _normalize(text: str) -> str:
+  return re.sub(r'[\s\W_]+', '', text.casefold())
+
+
+def _last_sql(actions: Sequence[str]) -> str | None:
+  """The query of the last `execute_sql` call: what the agent's answer rests on."""
+  for action in reversed(actions):
+    for call in function_call.parse_calls(action) or ():
+      if call['tool_name'] == tools.SQL_TOOL and isinstance(call['parameters'].get('query'), str):
+        return call['parameters']['query']
+  return None
+
+
+def is_correct(example: Example, turn: AssistantTurn, actions: Sequence[str] = (), *, db_path: str | None = None,
+               timeout_s: float = 2.0) -> bool | None:
+  """The task's rule verifier (no format check here; see `score`)."""
+  response = turn.response or ''
+  if example.task == 'math':
+    correct = math_reward.is_correct(response, example.answer, timeout_s=timeout_s)
+    if correct is None and math_reward.is_correct(example.answer, example.answer, timeout_s=timeout_s):
+      return False  # the gold verifies; the prediction hung or crashed the verifier — the policy's doing
+    return correct
+  if example.task == 'korean_mc':
+    return choice.is_correct(response, example.answer)
+  if example.task == 'chat':
+    return _normalize(example.answer) in _normalize(response)
+  if example.task == 'function_calling':
+    calls = [c for a in actions for c in function_call.parse_calls(a) or ()]
+    return function_call.is_correct(calls, json.loads(example.answer), example.meta['functions'])
+  if example.task == 'nl2sql':
+    query = _last_sql(actions)
+    path = db_path or example.meta.get('db_path')
+    if path is None:
+      raise ValueError(f'example {example.id}: NL2SQL scoring needs db_path')
+    if query is None:
+      return False
+    return sql_reward.is_correct(path, query, example.answer, timeout_s=timeout_s)
+  raise ValueError(f'no verifier for task {example.task!r}')
+
+
+def score(example: Example, turn: AssistantTurn, actions: Sequence[str] = (), *,
+          language_penalty: float = DEFAULT_LANGUAGE_PENALTY, db_path: str | None = None, judge=None,
+          timeout_s: float = 2.0) -> Verdict:
+  """Reward of one finished rollout: `turn` is its final assistant turn, `actions` every action text
+  it emitted, in order. `judge` (see rewards.judge) is asked only where the rules return None."""
+  well_formed = format_ok(example.task, turn, actions)
+  mismatch = language.mismatch(prompt_language(example.prompt), turn.response)
+  correct, judged = False, False
+  if well_formed:
+    correct = is_correct(example, turn, actions, db_path=db_path, timeout_s=timeout_s)
+    if correct is None and judge is not None:
+      correct = judge(example.prompt, example.answer, turn.response or '', criterion='same final answer')
+      judged = correct is not None
+  reward = None if correct is None else float(correct) - language_penalty * float(mismatch)
+  return Verdict(correct=correct, format_ok=well_formed, language_mismatch=mismatch, reward=reward, judged=judged)

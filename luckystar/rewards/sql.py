@@ -1,0 +1,168 @@
+"""NL2SQL verifier: a predicted query is correct when it returns the gold query's result.
+
+Both queries run through the sandbox (`luckystar.tools.sql.execute`). The
+decisions, in one place:
+
+  * rows are a multiset (order ignored, duplicates counted) unless the gold
+    query has a top-level ORDER BY; then order matters too. Ties in the gold's
+    sort key are compared in the gold's order (the usual execution-match rule);
+  * column names are ignored, column count and column order matter:
+    `SELECT b, a` does not match `SELECT a, b` (the question asked for columns
+    in an order, and permuting columns would make almost any pair match);
+  * cells: None only equals None, strings and blobs compare exactly, numbers
+    numerically (3 == 3.0) within rel 1e-6 / abs 1e-9, a number never equals a
+    string ('3' != 3);
+  * a truncated result never matches, whatever the other side: a prefix proves
+    nothing about the rest. A truncated *gold* is unscorable (None), like a
+    failing gold, so the caller counts it instead of rewarding 0.
+
+Gold results are cached per (resolved db path, mtime, size, gold SQL) in a
+bounded LRU; timeouts are not cached, so a slow moment does not make a gold
+unscorable for the rest of the run.
+"""
+
+import collections
+import math
+import os
+import pathlib
+import threading
+from typing import Any
+
+import sqlglot
+from sqlglot import exp
+
+from luckystar.tools import sql as sql_tool
+
+REL_TOL = 1e-6
+ABS_TOL = 1e-9
+GOLD_CACHE_SIZE = 4096   # curated golds render to ≤ 500 tokens, so entries are small
+
+_gold_cache: collections.OrderedDict = collections.OrderedDict()  # key → (SqlResult, ordered) | None
+_gold_cache_lock = threading.Lock()
+
+
+def is_correct(db_path: str | os.PathLike, predicted_sql: Any, gold_sql: str, *,
+               timeout_s: float = 2.0) -> bool | None:
+  """True/False for the prediction; None when the gold fails or is truncated (unscorable: count it)."""
+  gold = _gold(db_path, gold_sql, timeout_s)
+  if gold is None:
+    return None
+  gold_result, ordered = gold
+  predicted = sql_tool.execute(db_path, predicted_sql, timeout_s=timeout_s)
+  return results_match(predicted, gold_result, ordered=ordered)
+
+
+def results_match(predicted: sql_tool.SqlResult, gold: sql_tool.SqlResult, *, ordered: bool) -> bool:
+  """Execution match under the rules of the module docstring."""
+  if not (predicted.ok and gold.ok) or predicted.truncated or gold.truncated:
+    return False
+  if len(predicted.columns) != len(gold.columns) or len(predicted.rows) != len(gold.rows):
+    return False
+  if ordered:
+    return all(_rows_equal(p, g) for p, g in zip(predicted.rows, gold.rows))
+  predicted_sorted = sorted(predicted.rows, key=_row_key)
+  gold_sorted = sorted(gold.rows, key=_row_key)
+  if all(_rows_equal(p, g) for p, g in zip(predicted_sorted, gold_sorted)):
+    return True
+  # Rounded sort keys can split near-equal floats that straddle a rounding
+  # boundary; only then is a pairing by search needed.
+  if not any(isinstance(cell, float) for rows in (predicted.rows, gold.rows) for row in rows for cell in row):
+    return False
+  return _greedy_multiset_match(predicted.rows, gold.rows)
+
+
+def has_order_by(sql: str) -> bool:
+  """Whether the query's outermost SELECT (or compound) has ORDER BY; ones in subqueries, CTEs or OVER() don't count."""
+  try:
+    statements = [s for s in sqlglot.parse(sql, read='sqlite') if s is not None and not isinstance(s, exp.Semicolon)]
+  except sqlglot.errors.SqlglotError:
+    statements = []
+  if len(statements) != 1:
+    return _has_top_level_order_by_token(sql)
+  tree = statements[0]
+  while tree is not None:
+    if tree.args.get('order'):
+      return True
+    tree = tree.this if isinstance(tree, (exp.Subquery, exp.Paren)) else None
+  return False
+
+
+def clear_gold_cache():
+  with _gold_cache_lock:
+    _gold_cache.clear()
+
+
+def _gold(db_path, gold_sql, timeout_s):
+  """(gold result, ordered), or None when the gold is unscorable; cached."""
+  try:
+    path = pathlib.Path(os.fsdecode(db_path)).resolve()
+    stat = path.stat()
+  except (OSError, TypeError, ValueError):
+    return None
+  key = (str(path), stat.st_mtime_ns, stat.st_size, gold_sql)
+  with _gold_cache_lock:
+    if key in _gold_cache:
+      _gold_cache.move_to_end(key)
+      return _gold_cache[key]
+  result = sql_tool.execute(path, gold_sql, timeout_s=timeout_s)
+  gold = (result, has_order_by(gold_sql)) if result.ok and not result.truncated else None
+  if not (result.error or '').startswith('timeout'):
+    with _gold_cache_lock:
+      _gold_cache[key] = gold
+      while len(_gold_cache) > GOLD_CACHE_SIZE:
+        _gold_cache.popitem(last=False)
+  return gold
+
+
+def _has_top_level_order_by_token(sql: str) -> bool:
+  """Fallback for SQL sqlglot cannot parse: an ORDER BY token outside every parenthesis."""
+  try:
+    tokens = sqlglot.tokenize(sql, read='sqlite')
+  except sqlglot.errors.SqlglotError:
+    return False
+  depth = 0
+  for token in tokens:
+    depth += {sqlglot.TokenType.L_PAREN: 1, sqlglot.TokenType.R_PAREN: -1}.get(token.token_type, 0)
+    if depth == 0 and token.token_type == sqlglot.TokenType.ORDER_BY:
+      return True
+  return False
+
+
+def _is_number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _cells_equal(a, b) -> bool:
+  if a is None or b is None:
+    return a is None and b is None
+  if _is_number(a) and _is_number(b):
+    if isinstance(a, int) and isinstance(b, int):
+      return a == b
+    return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL)
+  return type(a) is type(b) and a == b
+
+
+def _rows_equal(a: tuple, b: tuple) -> bool:
+  return len(a) == len(b) and all(_cells_equal(x, y) for x, y in zip(a, b))
+
+
+def _row_key(row: tuple) -> tuple:
+  """Sorts rows of mixed types; numbers by value rounded to 6 significant digits so near-equal ones sit together."""
+  def cell_key(value):
+    if value is None:
+      return (0, 0)
+    if _is_number(value):
+      rounded = float(f'{float(value):.6g}')
+      return (1, 0.0 if math.isnan(rounded) else rounded)
+    return (2, value) if isinstance(value, str) else (3, bytes(value))
+  return tuple(cell_key(value) for value in row)
+
+
+def _greedy_multiset_match(predicted_rows, gold_rows) -> bool:
+  unmatched = list(gold_rows)
+  for row in predicted_rows:
+    index = next((i for i, gold_row in enumerate(unmatched) if _rows_equal(row, gold_row)), None)
+    if index is None:
+      return False
+    unmatched.pop(index)
+  return True

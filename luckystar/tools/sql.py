@@ -1,0 +1,458 @@
+"""The SQL tool: runs one untrusted, read-only query against a SQLite database.
+
+The query comes from a policy that RL pushes to exploit every hole, so
+`execute` never raises and each guard below holds without the others:
+
+  1. text checks (here): a str or UTF-8 bytes of at most MAX_SQL_CHARS, no NUL,
+     exactly one statement (sqlglot's tokenizer, so a `;` inside a string,
+     identifier or comment does not count; a trailing `;` is fine), starting
+     with SELECT, WITH or VALUES;
+  2. the file is opened `mode=ro` (a missing file is an error, never created),
+     `PRAGMA query_only=ON`, load_extension off, SQLITE_LIMIT_ATTACHED 0;
+  3. an authorizer that allows only SELECT, READ, RECURSIVE and FUNCTION
+     (minus DENIED_FUNCTIONS): every write, ATTACH/DETACH (VACUUM INTO attaches
+     its target, so it dies here too), CREATE/DROP/ALTER (temp objects too),
+     PRAGMA, transaction and savepoint is refused. Table-valued functions
+     (json_each, pragma_table_info, dbstat) are refused as well, because SQLite
+     authorizes their construction as an UPDATE of sqlite_master;
+  4. resource caps: a progress handler every PROGRESS_OPS VM steps stops the
+     query at the deadline; SQLITE_LIMIT_LENGTH (MAX_VALUE_BYTES) makes a
+     multi-GB zeroblob/randomblob/replace fail at once instead of allocating;
+     rows, bytes per cell and bytes in total are capped while fetching;
+  5. a separate process: the progress handler and sqlite3_interrupt are only
+     checked at the bottom of VM loops, so straight-line SQL such as
+     `instr(a, b) + instr(a, b) + ...` over 100 kB strings, or SQLite's own
+     printf('%.*c', 2000000000, 'x') loop, runs for minutes inside one step.
+     Queries therefore run in a pooled worker process (`python -I -S`, stdlib
+     only, address space and file size limited) that the caller kills at
+     timeout_s + KILL_GRACE_S and replaces at once. A call costs ~1 ms of
+     IPC; a cold worker needs ~0.1 s to start, which counts against the
+     call's timeout (a worker not started in time is kept for the next call).
+
+Cells keep SQLite's Python types: int, float, str, None, and bytes for BLOBs
+(bytes, not hex text, so a BLOB never equals a TEXT that spells its hex;
+format_result renders them as x'..'). Invalid UTF-8 in TEXT decodes with
+U+FFFD. A TEXT cell cut at max_cell_bytes ends in TRUNCATION_MARK.
+
+Needs a POSIX system (poll on pipes, the resource module).
+"""
+
+import atexit
+import dataclasses
+import marshal
+import os
+import pathlib
+import select
+import sqlite3
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from typing import Any
+
+MAX_SQL_CHARS = 20_000          # real NL2SQL queries are < 5k; also bounds tokenizing time
+MAX_VALUE_BYTES = 1_000_000     # SQLITE_LIMIT_LENGTH: the largest string or blob a query may build
+MAX_LIKE_PATTERN_BYTES = 1_000  # SQLITE_LIMIT_LIKE_PATTERN_LENGTH (SQLite's default is 50k)
+PROGRESS_OPS = 1_000            # VM steps between deadline checks
+BUSY_TIMEOUT_S = 0.1            # a write lock held by someone else fails fast instead of sleeping
+KILL_GRACE_S = 0.25             # past timeout_s the worker gets this long to answer, then is killed
+WORKER_MEMORY_BYTES = 2 << 30   # RLIMIT_AS of a worker: a runaway query gets 'out of memory'
+WORKER_FILE_BYTES = 1 << 30     # RLIMIT_FSIZE: caps the temp files a big sort spills to
+MAX_IDLE_WORKERS = 4
+TRUNCATION_MARK = '…'
+
+ALLOWED_FIRST_KEYWORDS = ('SELECT', 'WITH', 'VALUES')
+DENIED_FUNCTIONS = frozenset({'load_extension', 'fts3_tokenizer', 'readfile', 'writefile', 'edit'})
+
+_LIMITS = {  # looked up on the sqlite3 module, so a Python without a constant skips it
+    'SQLITE_LIMIT_LENGTH': MAX_VALUE_BYTES,
+    'SQLITE_LIMIT_SQL_LENGTH': 4 * MAX_SQL_CHARS,   # bytes; a Korean character is 3 in UTF-8
+    'SQLITE_LIMIT_ATTACHED': 0,
+    'SQLITE_LIMIT_LIKE_PATTERN_LENGTH': MAX_LIKE_PATTERN_BYTES,
+    'SQLITE_LIMIT_TRIGGER_DEPTH': 1,
+    'SQLITE_LIMIT_WORKER_THREADS': 0,
+}
+_READ_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE})
+_DENIAL_REASONS = {  # authorizer action → what the error tells the model; anything else is a schema change
+    sqlite3.SQLITE_INSERT: 'write',
+    sqlite3.SQLITE_UPDATE: 'write',
+    sqlite3.SQLITE_DELETE: 'write',
+    sqlite3.SQLITE_ATTACH: 'attach',
+    sqlite3.SQLITE_DETACH: 'attach',
+    sqlite3.SQLITE_PRAGMA: 'pragma',
+    sqlite3.SQLITE_TRANSACTION: 'transaction',
+    sqlite3.SQLITE_SAVEPOINT: 'transaction',
+}
+_FIRST_KEYWORD_REASONS = {  # leading keyword of a refused statement → reason
+    **dict.fromkeys(('INSERT', 'UPDATE', 'DELETE', 'REPLACE', 'UPSERT', 'MERGE', 'VACUUM'), 'write'),
+    **dict.fromkeys(('CREATE', 'DROP', 'ALTER', 'REINDEX', 'ANALYZE'), 'schema change'),
+    **dict.fromkeys(('ATTACH', 'DETACH'), 'attach'),
+    **dict.fromkeys(('BEGIN', 'COMMIT', 'END', 'ROLLBACK', 'SAVEPOINT', 'RELEASE'), 'transaction'),
+    'PRAGMA': 'pragma',
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SqlResult:
+  """What one query returned, or why it did not run.
+
+  `truncated` says the row, cell or total-size cap was hit: `rows` then holds
+  a prefix of the real rows, or cut cells, not the result.
+  """
+  ok: bool
+  columns: tuple[str, ...] = ()
+  rows: tuple[tuple[Any, ...], ...] = ()
+  truncated: bool = False
+  error: str | None = None
+  elapsed_s: float = 0.0
+
+
+def execute(db_path: str | os.PathLike, sql: Any, *, timeout_s: float = 2.0, max_rows: int = 200,
+            max_cell_bytes: int = 2_000, max_total_bytes: int = 200_000) -> SqlResult:
+  """Runs one read-only query in a sandbox; never raises: a failure is `ok=False` with a readable `error`.
+
+  Returns within about timeout_s + KILL_GRACE_S, whatever the query.
+  """
+  start = time.monotonic()
+  try:
+    result = _execute(db_path, sql, start + timeout_s, timeout_s, max_rows, max_cell_bytes, max_total_bytes)
+  except Exception as e:  # pylint: disable=broad-except  # the contract: a result, never an exception
+    result = SqlResult(ok=False, error=f'internal error: {type(e).__name__}: {e}')
+  return dataclasses.replace(result, elapsed_s=time.monotonic() - start)
+
+
+def schema(db_path: str | os.PathLike) -> str:
+  """The CREATE TABLE statements of a database, in creation order, one per line with whitespace
+  collapsed (a compact prompt)."""
+  result = execute(db_path, "SELECT sql FROM sqlite_master WHERE type = 'table' AND sql IS NOT NULL "
+                   "AND name NOT LIKE 'sqlite^_%' ESCAPE '^' ORDER BY rowid", timeout_s=10.0,
+                   max_rows=10_000, max_cell_bytes=MAX_VALUE_BYTES, max_total_bytes=10 * MAX_VALUE_BYTES)
+  if not result.ok:
+    raise ValueError(f'{db_path}: cannot read the schema: {result.error}')
+  if result.truncated:
+    raise ValueError(f'{db_path}: the schema is larger than {10 * MAX_VALUE_BYTES} bytes; too big for a prompt')
+  return '\n'.join(' '.join(row[0].split()) + ';' for row in result.rows)
+
+
+def format_result(result: SqlResult, max_chars: int = 2_000) -> str:
+  """Deterministic text of a result for the tool turn the model reads.
+
+  A header of column names, one line per row (cells joined by ' | ', NULL for
+  None, newlines escaped) and a footer with the row count that says when the
+  result was truncated or rows were dropped to fit max_chars.
+  """
+  if not result.ok:
+    return f'ERROR: {result.error}'[:max_chars]
+  lines = [' | '.join(_render_cell(c) for c in result.columns)]
+  lines += [' | '.join(_render_cell(c) for c in row) for row in result.rows]
+  total = len(result.rows)
+  more = '+' if result.truncated else ''
+  text = '\n'.join([*lines, f'({total}{more} rows{"; truncated" if more else ""})'])
+  for shown in range(total - 1, -1, -1):  # drop rows from the end until the text fits
+    if len(text) <= max_chars:
+      break
+    text = '\n'.join([*lines[:shown + 1], f'({shown} of {total}{more} rows shown)'])
+  return text[:max_chars]
+
+
+def _render_cell(value: Any) -> str:
+  if value is None:
+    return 'NULL'
+  if isinstance(value, bytes):
+    return f"x'{value.hex()}'"
+  if isinstance(value, float):
+    return repr(value)
+  return str(value).replace('\\', '\\\\').replace('\n', '\\n').replace('\r', '\\r')
+
+
+# ---- The caller's side: text checks and the worker pool. ----
+
+
+def _execute(db_path, sql, deadline, timeout_s, max_rows, max_cell_bytes, max_total_bytes) -> SqlResult:
+  text, error = _check_text(sql)
+  if error:
+    return SqlResult(ok=False, error=error)
+  try:
+    path = pathlib.Path(os.fsdecode(db_path)).resolve()
+  except (TypeError, ValueError, OSError) as e:
+    return SqlResult(ok=False, error=f'bad database path {db_path!r}: {e}')
+  if not path.is_file():
+    return SqlResult(ok=False, error=f'database not found: {path}')
+  request = (str(path), text, float(timeout_s), int(max_rows), int(max_cell_bytes), int(max_total_bytes))
+  worker = _checkout_worker()
+  try:
+    if not worker.wait_until_ready(deadline + KILL_GRACE_S):
+      _return_worker(worker)  # only slow to start (a loaded machine): the next call gets it ready
+      return SqlResult(ok=False, error=f'timeout: the sandbox process did not start within {timeout_s:g} s')
+    reply = worker.ask(request, deadline, deadline + KILL_GRACE_S)
+  except Exception:
+    worker.kill()
+    raise
+  if reply is None:
+    worker.kill()
+    _return_worker(_Worker())  # start the replacement now, so the next call does not wait for its startup
+    return SqlResult(ok=False, error=f'timeout: the query ran longer than {timeout_s:g} s')
+  _return_worker(worker)
+  ok, columns, rows, truncated, error = marshal.loads(reply)
+  return SqlResult(ok=ok, columns=columns, rows=rows, truncated=truncated, error=error)
+
+
+def _check_text(sql: Any) -> tuple[str, str | None]:
+  """(query text, None), or ('', why it is refused before SQLite sees it)."""
+  import sqlglot  # pylint: disable=import-outside-toplevel  # workers run without site-packages
+  if isinstance(sql, (bytes, bytearray, memoryview)):
+    if len(sql) > 4 * MAX_SQL_CHARS:
+      return '', f'query too long: {len(sql)} bytes (at most {MAX_SQL_CHARS} characters)'
+    try:
+      sql = bytes(sql).decode('utf-8')
+    except UnicodeDecodeError as e:
+      return '', f'query is not valid UTF-8: {e}'
+  if not isinstance(sql, str):
+    return '', f'query must be a string, got {type(sql).__name__}'
+  if len(sql) > MAX_SQL_CHARS:
+    return '', f'query too long: {len(sql)} characters (at most {MAX_SQL_CHARS})'
+  if '\0' in sql:
+    return '', 'query contains a NUL character'
+  try:
+    tokens = sqlglot.tokenize(sql, read='sqlite')
+  except (sqlglot.errors.SqlglotError, RecursionError, ValueError) as e:
+    return '', f'syntax error: cannot tokenize the query (unterminated string, identifier or comment?): {e}'
+  while tokens and tokens[-1].token_type == sqlglot.TokenType.SEMICOLON:
+    tokens.pop()
+  if not tokens:
+    return '', 'empty query: send one SELECT query'
+  if any(t.token_type == sqlglot.TokenType.SEMICOLON for t in tokens):
+    return '', 'multiple statements: send exactly one SELECT query'
+  first = tokens[0].text.upper()
+  if first not in ALLOWED_FIRST_KEYWORDS:
+    reason = _FIRST_KEYWORD_REASONS.get(first, f'statement {first[:30]!r}')
+    return '', f'not allowed: {reason}; only read-only SELECT / WITH / VALUES queries may run'
+  return sql, None
+
+
+class _Worker:
+  """One sandbox process, used by one call at a time; frames are 8-byte length + marshal."""
+
+  def __init__(self):
+    self.process = subprocess.Popen(
+        [sys.executable, '-I', '-S', str(pathlib.Path(__file__).resolve()), '--serve'],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+    os.set_blocking(self.process.stdin.fileno(), False)
+    self.ready = False
+
+  def wait_until_ready(self, deadline: float) -> bool:
+    """Whether the worker has started; a fresh one says b'R' once its imports are done."""
+    if not self.ready:
+      self.ready = _read_exactly(self.process.stdout.fileno(), 1, deadline) == b'R'
+    return self.ready
+
+  def ask(self, request: tuple, query_deadline: float, kill_deadline: float) -> bytes | None:
+    """The marshalled reply, or None when kill_deadline passed first.
+
+    The worker gets the seconds left until query_deadline, so its own clean
+    timeout comes before the kill even when it started slowly.
+    """
+    stdin, stdout = self.process.stdin.fileno(), self.process.stdout.fileno()
+    message = marshal.dumps((query_deadline - time.monotonic(), *request))
+    if not _write_all(stdin, struct.pack('>Q', len(message)) + message, kill_deadline):
+      return None
+    header = _read_exactly(stdout, 8, kill_deadline)
+    return header and _read_exactly(stdout, struct.unpack('>Q', header)[0], kill_deadline)
+
+  def kill(self):
+    self.process.kill()
+    self.process.wait()
+    self.process.stdin.close()
+    self.process.stdout.close()
+
+
+def _wait_for(fd: int, event: int, deadline: float) -> bool:
+  """Whether fd became ready for event (select.POLLIN / POLLOUT) before the deadline; poll takes any fd number."""
+  left = deadline - time.monotonic()
+  if left <= 0:
+    return False
+  poller = select.poll()
+  poller.register(fd, event)
+  return bool(poller.poll(left * 1000))
+
+
+def _read_exactly(fd: int, size: int, deadline: float) -> bytes | None:
+  chunks, received = [], 0
+  while received < size:
+    if not _wait_for(fd, select.POLLIN, deadline):
+      return None
+    chunk = os.read(fd, size - received)
+    if not chunk:
+      raise RuntimeError('the SQL sandbox worker exited unexpectedly')
+    chunks.append(chunk)
+    received += len(chunk)
+  return b''.join(chunks)
+
+
+def _write_all(fd: int, data: bytes, deadline: float) -> bool:
+  view = memoryview(data)
+  while view:
+    if not _wait_for(fd, select.POLLOUT, deadline):
+      return False
+    view = view[os.write(fd, view):]
+  return True
+
+
+_idle_workers: list[_Worker] = []
+_pool_lock = threading.Lock()
+_pool_pid = os.getpid()
+
+
+def _checkout_worker() -> _Worker:
+  global _pool_pid
+  with _pool_lock:
+    if os.getpid() != _pool_pid:  # a forked child must not share its parent's pipes
+      _idle_workers.clear()
+      _pool_pid = os.getpid()
+    if _idle_workers:
+      return _idle_workers.pop()
+  return _Worker()
+
+
+def _return_worker(worker: _Worker):
+  with _pool_lock:
+    if len(_idle_workers) < MAX_IDLE_WORKERS and os.getpid() == _pool_pid:
+      _idle_workers.append(worker)
+      return
+  worker.kill()
+
+
+@atexit.register
+def _stop_workers():
+  with _pool_lock:
+    while _idle_workers:
+      _idle_workers.pop().kill()
+
+
+# ---- The worker's side: stdlib only, run as `python -I -S sql.py --serve`. ----
+
+
+def _serve():
+  """Answers requests on stdin until the parent closes it."""
+  import resource  # pylint: disable=import-outside-toplevel
+  import signal  # pylint: disable=import-outside-toplevel
+  for limit, value in ((resource.RLIMIT_AS, WORKER_MEMORY_BYTES), (resource.RLIMIT_FSIZE, WORKER_FILE_BYTES),
+                       (resource.RLIMIT_CORE, 0)):
+    hard = resource.getrlimit(limit)[1]
+    resource.setrlimit(limit, (value if hard == resource.RLIM_INFINITY else min(value, hard), hard))
+  signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized temp file is then an I/O error, not a crash
+  signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is for the parent; the worker ends when stdin closes
+  stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+  stdout.write(b'R')
+  stdout.flush()
+  while len(header := stdin.read(8)) == 8:
+    request = stdin.read(struct.unpack('>Q', header)[0])
+    try:
+      reply = marshal.dumps(_run(*marshal.loads(request)))
+    except BaseException as e:  # pylint: disable=broad-except  # one bad request must not end the worker
+      reply = marshal.dumps((False, (), (), False, f'internal error: {type(e).__name__}: {e}'))
+    stdout.write(struct.pack('>Q', len(reply)) + reply)
+    stdout.flush()
+
+
+def _run(seconds_left: float, path: str, text: str, timeout_s: float, max_rows: int, max_cell_bytes: int,
+         max_total_bytes: int):
+  """(ok, columns, rows, truncated, error) of one query, under guards 2-4."""
+  deadline = time.monotonic() + seconds_left
+  denials = []  # the authorizer's reasons, for the error message
+  try:
+    conn = _connect(path, deadline, denials)
+  except sqlite3.Error as e:
+    return False, (), (), False, f'cannot open database {path}: {e}'
+  timeout = f'timeout: the query ran longer than {timeout_s:g} s'
+  try:
+    cursor = conn.execute(text)
+    columns = tuple(str(d[0]) for d in cursor.description or ())
+    rows, truncated = _fetch(cursor, max_rows, max_cell_bytes, max_total_bytes, deadline)
+    if rows is None:
+      return False, (), (), False, timeout
+    return True, columns, rows, truncated, None
+  except sqlite3.Error as e:
+    if denials:
+      return False, (), (), False, f'not allowed: {denials[-1]}; only read-only queries may run'
+    if 'one statement' in str(e):
+      return False, (), (), False, 'multiple statements: send exactly one SELECT query'
+    if time.monotonic() >= deadline and 'interrupt' in str(e):
+      return False, (), (), False, timeout
+    if 'too big' in str(e):
+      return False, (), (), False, f'result too large: a value would exceed {MAX_VALUE_BYTES} bytes ({e})'
+    return False, (), (), False, f'sql error: {e}'
+  finally:
+    conn.close()
+
+
+def _connect(path: str, deadline: float, denials: list) -> sqlite3.Connection:
+  """A connection that can only read `path` and stops at `deadline` (guards 2-4 of the module doc)."""
+  uri = f'file:{urllib.parse.quote(path)}?mode=ro'
+  conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+  try:
+    if hasattr(conn, 'enable_load_extension'):
+      conn.enable_load_extension(False)
+    for name, value in _LIMITS.items():
+      if hasattr(sqlite3, name):
+        conn.setlimit(getattr(sqlite3, name), value)
+    conn.execute('PRAGMA query_only = ON')
+    conn.text_factory = lambda raw: raw.decode('utf-8', 'replace')
+
+    def authorize(action, arg1, arg2, unused_db_name, unused_trigger):
+      if action in _READ_ACTIONS:
+        return sqlite3.SQLITE_OK
+      if action == sqlite3.SQLITE_FUNCTION:
+        if (arg2 or '').lower() not in DENIED_FUNCTIONS:
+          return sqlite3.SQLITE_OK
+        denials.append(f'function {arg2}()')
+      elif action == sqlite3.SQLITE_UPDATE and arg1 == 'sqlite_master':
+        denials.append('schema write (table-valued functions such as json_each and pragma_table_info '
+                       'are not available)')
+      else:
+        denials.append(_DENIAL_REASONS.get(action, 'schema change'))
+      return sqlite3.SQLITE_DENY
+
+    conn.set_authorizer(authorize)
+    conn.set_progress_handler(lambda: time.monotonic() >= deadline, PROGRESS_OPS)  # true interrupts
+  except BaseException:
+    conn.close()
+    raise
+  return conn
+
+
+def _fetch(cursor, max_rows, max_cell_bytes, max_total_bytes, deadline):
+  """(rows, truncated) under the caps, one row at a time; rows is None past the deadline."""
+  rows, total_bytes, truncated = [], 0, False
+  while (row := cursor.fetchone()) is not None:
+    if time.monotonic() >= deadline:
+      return None, False
+    if len(rows) >= max_rows:
+      return tuple(rows), True
+    cells = [_cap_cell(value, max_cell_bytes) for value in row]
+    total_bytes += sum(size for _, size, _ in cells)
+    if total_bytes > max_total_bytes:
+      return tuple(rows), True
+    rows.append(tuple(value for value, _, _ in cells))
+    truncated |= any(cut for _, _, cut in cells)
+  return tuple(rows), truncated
+
+
+def _cap_cell(value, max_cell_bytes):
+  """(value, its size in bytes, was_cut): TEXT cut at a UTF-8 boundary plus TRUNCATION_MARK, BLOB cut."""
+  if isinstance(value, bytes):
+    if len(value) > max_cell_bytes:
+      return value[:max_cell_bytes], max_cell_bytes, True
+    return value, len(value), False
+  if isinstance(value, str):
+    encoded = value.encode('utf-8')
+    if len(encoded) > max_cell_bytes:
+      return encoded[:max_cell_bytes].decode('utf-8', 'ignore') + TRUNCATION_MARK, max_cell_bytes, True
+    return value, len(encoded), False
+  return value, 8, False
+
+
+if __name__ == '__main__' and sys.argv[1:] == ['--serve']:
+  _serve()

@@ -1,0 +1,261 @@
+"""The math verifier scores equivalent answers and survives whatever a policy writes."""
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import hypothesis
+import hypothesis.strategies as st
+import pytest
+
+from luckystar.rewards import math as math_reward
+
+TIMEOUT_S = 1.0
+CALL_BOUND_S = TIMEOUT_S + 2.0   # the promise: a call returns within timeout_s + 2 s, restart included
+
+
+@pytest.fixture(scope='module')
+def verifier():
+  with math_reward.MathVerifier() as shared:
+    assert shared.score('1', '1', timeout_s=30.0) is True   # pay the first start outside the bounds
+    yield shared
+
+
+@pytest.mark.parametrize('prediction, gold, expected', [
+    ('\\boxed{0.5}', '\\frac{1}{2}', True),
+    ('The answer is \\boxed{\\frac{1}{2}}', '0.5', True),
+    ('0.25', '1/4', True),
+    ('$\\frac{3}{4}$', '0.75', True),
+    ('1,234', '1234', True),
+    ('1234', '1,234', True),
+    ('1,000,000', '1000000', True),
+    ('x = 3', '3', True),
+    ('3', 'x=3', True),
+    ('정답은 42입니다.', '42', True),
+    ('정답은 5입니다. 검산: 5+1=6', '5', True),   # the Korean marker anchors the answer, not the last number
+    ('The answer is 7.', '7', True),
+    ('The answer is \\boxed{5}. Check: 5+1=6', '5', True),
+    ('-5', '-5', True),
+    ('정답은 -3입니다', '-3', True),
+    ('50%', '0.5', True),
+    ('50\\%', '50\\%', True),
+    ('$\\frac{\\sqrt{2}}{2}$', '\\frac{\\sqrt{2}}{2}', True),
+    ('$2\\pi$', '2\\pi', True),   # bare gold is read as LaTeX, not as "2"
+    ('$\\int_0^1 x\\,dx$', '\\frac{1}{2}', True),
+    ('The answer is -5', '5', False),
+    ('8', '7', False),
+    ('The answer is 3/4', '0.7', False),
+    ('정답은 41입니다.', '42', False),
+    ('2', '2\\pi', False),
+    ('', '5', False),
+    ('모르겠습니다.', '5', False),
+])
+def test_equivalence(verifier, prediction, gold, expected):
+  assert verifier.score(prediction, gold, timeout_s=TIMEOUT_S) is expected
+
+
+@pytest.mark.parametrize('gold', ['', '   ', '\\frac{', '\\boxed{}', '$$'])
+def test_unparsable_gold_is_none_not_false(verifier, gold):
+  before = verifier.stats['gold_unparsable']
+  assert verifier.score('5', gold, timeout_s=TIMEOUT_S) is None
+  assert verifier.stats['gold_unparsable'] == before + 1
+
+
+def _adversarial_predictions(pwned_path):
+  touch = f"__import__('os').system('touch {pwned_path}')"
+  return {
+      'power tower': '9**9**9**9',
+      'latex power tower': '$9^{9^{9^{9}}}$',
+      'latex 2 tower': '$2^{2^{2^{2^{2^{2}}}}}$',
+      'nested parens 10000': '(' * 10_000 + '1' + ')' * 10_000,
+      'nested parens in latex': '$' + '(' * 4_000 + '1' + ')' * 4_000 + '$',
+      'nested frac': '$' + '\\frac{' * 700 + '1' + '}{2}' * 700 + '$',
+      'nested sqrt': '$' + '\\sqrt{' * 2_000 + '2' + '}' * 2_000 + '$',
+      'import os': touch,
+      'import os in latex': f'${touch}$',
+      'import os boxed': f'\\boxed{{{touch}}}',
+      'division by zero': '\\frac{1}{0}',
+      'factorial': '100000!',
+      'latex factorial': '$100000!$',
+      'factorial of a 4000-digit number': '$' + '9' * 4_000 + '!$',
+      'huge float': '1e999999999',
+      'latex huge float': '$1e999999999$',
+      '1 MB string': 'a' * (1 << 20),
+      'long digit string': '9' * 9_999,
+      'unbalanced boxed': '\\boxed{',
+      'nested unbalanced boxed': '\\boxed{\\boxed{\\boxed{',
+      'integral': '$\\int_0^\\infty e^{x^{x^x}}\\,dx$',
+      'huge sum': '$\\sum_{i=1}^{10^{100}} i$',
+      'nul and surrogates': '5\x00\ud800\udfff\x00',
+      'lambda': '(lambda: 5)()',
+      'eval': "eval('2+3')",
+      'exec': "exec('import os; os.system(\"true\")')",
+      'dunder escape': "().__class__.__bases__[0].__subclasses__()",
+      'empty assignment': 'x = ',
+  }
+
+
+ADVERSARIAL_NAMES = list(_adversarial_predictions('/unused'))
+
+
+@pytest.mark.parametrize('name', ADVERSARIAL_NAMES)
+def test_adversarial_prediction_is_bounded_and_never_rewarded(verifier, tmp_path, name):
+  pwned_path = tmp_path / 'pwned'
+  prediction = _adversarial_predictions(pwned_path)[name]
+  started = time.monotonic()
+  score = verifier.score(prediction, '7', timeout_s=TIMEOUT_S)
+  elapsed = time.monotonic() - started
+  assert score is not True, f'{name} scored as correct'   # False, or None when it could not be scored
+  assert score in (False, None)
+  assert elapsed < CALL_BOUND_S, f'{name} took {elapsed:.2f} s'
+  assert not pwned_path.exists(), f'{name} ran code'
+  # The worker (restarted if it had to be) still scores normal answers.
+  assert verifier.score('The answer is \\boxed{7}.', '7', timeout_s=CALL_BOUND_S) is True
+
+
+def test_overlong_prediction_is_false_without_a_worker_round_trip(verifier):
+  before = dict(verifier.stats)
+  assert verifier.score('7 ' * math_reward.MAX_PREDICTION_CHARS, '7') is False
+  assert verifier.stats['overlong'] == before.get('overlong', 0) + 1
+  assert verifier.stats['worker_starts'] == before['worker_starts']
+
+
+def test_slow_sympy_interrupts_itself_and_keeps_the_worker(verifier):
+  verifier.score('1', '1')
+  pid, timeouts = verifier.worker_pid, verifier.stats['timeout']
+  assert verifier.score('9**9**9**9', '5', timeout_s=TIMEOUT_S) is None
+  assert verifier.stats['timeout'] == timeouts + 1
+  assert verifier.worker_pid == pid
+  assert verifier.score('x = 3', '3') is True
+
+
+def _hang_until_killed(monkeypatch):
+  """Pushes the worker's own SIGALRM past the parent's deadline, as a hang inside C code would."""
+  monkeypatch.setattr(math_reward, 'SOFT_TIMEOUT_FRACTION', 100.0)
+
+
+def test_timeout_kills_worker_and_next_call_restarts_it(verifier, monkeypatch):
+  _hang_until_killed(monkeypatch)
+  verifier.score('1', '1')
+  first_pid = verifier.worker_pid
+  timeouts = verifier.stats['timeout']
+  assert verifier.score('9**9**9**9', '5', timeout_s=TIMEOUT_S) is None
+  assert verifier.stats['timeout'] == timeouts + 1
+  assert verifier.worker_pid is None
+  with pytest.raises(ProcessLookupError):
+    os.kill(first_pid, 0)   # killed and reaped, not left running
+  assert verifier.score('x = 3', '3') is True
+  assert verifier.worker_pid not in (None, first_pid)
+
+
+def test_worker_crash_mid_call_scores_none_and_restarts(verifier):
+  verifier.score('1', '1')
+  pid = verifier.worker_pid
+  crashes = verifier.stats['crash']
+  # Kill the worker while it grinds on a hang; the long timeout shows the crash, not a clock, ends it.
+  killer = threading.Timer(0.3, os.kill, (pid, signal.SIGKILL))
+  killer.start()
+  try:
+    assert verifier.score('9**9**9**9', '5', timeout_s=60.0) is None
+  finally:
+    killer.cancel()
+  assert verifier.stats['crash'] == crashes + 1
+  assert verifier.score('\\boxed{0.5}', '\\frac{1}{2}') is True
+
+
+def test_worker_that_died_while_idle_is_replaced_silently(verifier):
+  verifier.score('1', '1')
+  pid = verifier.worker_pid
+  os.kill(pid, signal.SIGKILL)
+  assert _wait_until_gone(pid, timeout_s=10.0)
+  crashes = verifier.stats['crash']
+  assert verifier.score('42', '42') is True   # not None: the death was not this prediction's doing
+  assert verifier.stats['crash'] == crashes
+
+
+def test_batch_reuses_one_worker_and_survives_a_hang(verifier, monkeypatch):
+  _hang_until_killed(monkeypatch)
+  verifier.score('1', '1')
+  starts = verifier.stats['worker_starts']
+  scores = verifier.score_all([('\\boxed{0.5}', '\\frac{1}{2}'), ('7', '8'), ('정답은 3입니다', '3'),
+                               ('9**9**9**9', '5'), ('1,234', '1234')], timeout_s=TIMEOUT_S)
+  assert scores == [True, False, True, None, True]
+  assert verifier.stats['worker_starts'] == starts + 1   # one restart, after the hang only
+
+
+def test_module_level_api_and_close():
+  try:
+    assert math_reward.is_correct('The answer is 7.', '7', timeout_s=30.0) is True
+    assert math_reward.are_correct([('x = 3', '3'), ('4', '3'), ('5', '')]) == [True, False, None]
+    pid = math_reward._shared_verifier().worker_pid
+    assert pid is not None
+  finally:
+    math_reward.close()
+  assert math_reward._shared_verifier().worker_pid is None
+  with pytest.raises(ProcessLookupError):
+    os.kill(pid, 0)
+
+
+def test_bad_arguments_speak_to_the_caller(verifier):
+  with pytest.raises(TypeError, match="pass ''"):
+    verifier.score(None, '5')
+  with pytest.raises(TypeError, match='pairs\\[1\\]'):
+    verifier.score_all([('1', '1'), ('1', 1)])
+  with pytest.raises(ValueError, match='timeout_s'):
+    verifier.score('1', '1', timeout_s=0)
+
+
+def _wait_until_gone(pid, timeout_s):
+  """True once pid has exited (zombie or reaped), waiting on a pidfd rather than polling."""
+  try:
+    pidfd = os.pidfd_open(pid)
+  except ProcessLookupError:
+    return True
+  try:
+    return bool(select.select([pidfd], [], [], timeout_s)[0])
+  finally:
+    os.close(pidfd)
+
+
+@pytest.mark.parametrize('ending', ['exit', 'sigkill'])
+def test_no_orphan_worker_when_the_trainer_ends(ending):
+  # Load the module by path so the child skips `import luckystar` (jax) and starts fast.
+  script = textwrap.dedent(f'''
+      import importlib.util, os, signal
+      spec = importlib.util.spec_from_file_location('math_reward', {math_reward.__file__!r})
+      math_reward = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(math_reward)
+      verifier = math_reward.MathVerifier()
+      assert verifier.score('1', '1', timeout_s=30.0) is True
+      print(verifier.worker_pid, flush=True)
+      if {ending!r} == 'sigkill':
+        os.kill(os.getpid(), signal.SIGKILL)   # no atexit: the kernel's parent-death signal must act
+  ''')
+  child = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=60)
+  assert child.stdout.strip(), child.stderr
+  worker_pid = int(child.stdout.split()[0])
+  assert _wait_until_gone(worker_pid, timeout_s=10.0), f'worker {worker_pid} outlived its parent'
+
+
+def test_worker_that_cannot_start_is_an_error_not_a_stream_of_nones():
+  verifier = math_reward.MathVerifier(memory_limit_bytes=16 << 20)   # too little to import sympy
+  with pytest.raises(math_reward.WorkerStartError, match='math-verify worker'):
+    verifier.score('1', '1')
+  assert verifier.worker_pid is None
+
+
+_MATHY_CHARACTERS = st.sampled_from(list('0123456789+-*/^()!.,=x $\\{}_eE%정답은'))
+
+
+@hypothesis.settings(max_examples=25, deadline=None,
+                     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
+@hypothesis.given(prediction=st.text(alphabet=_MATHY_CHARACTERS | st.characters(), max_size=60))
+def test_any_text_scores_bool_or_none_within_the_bound(verifier, prediction):
+  started = time.monotonic()
+  assert verifier.score(prediction, '7', timeout_s=TIMEOUT_S) in (True, False, None)
+  assert time.monotonic() - started < CALL_BOUND_S

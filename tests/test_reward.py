@@ -1,0 +1,93 @@
+"""The RLVR reward: correctness − 0.5·mismatch, the format check, and unscorable samples."""
+
+import json
+
+import pytest
+
+from luckystar.data import nl2sql, suites
+from luckystar.data.examples import Example
+from luckystar.rewards import reward
+from luckystar.tokenizer import AssistantTurn
+
+KO_MATH = Example(id='m-ko', task='math', language='ko', split='heldout', prompt='철수는 사과를 3개 가지고 있고 4개를 더 샀습니다. 모두 몇 개입니까?',
+                  answer='7')
+EN_MATH = Example(id='m-en', task='math', language='en', split='heldout',
+                  prompt='Alice has 3 apples and buys 4 more. How many apples does she have now?', answer='7')
+
+
+@pytest.mark.parametrize('response,correct,mismatch,expected', [
+    ('정답은 7입니다.', True, False, 1.0),
+    ('The answer is 7.', True, True, 0.5),
+    ('정답은 8입니다.', False, False, 0.0),
+    ('The answer is 8.', False, True, -0.5),
+])
+def test_four_correctness_by_language_combinations(response, correct, mismatch, expected):
+  verdict = reward.score(KO_MATH, AssistantTurn(thinking='3 + 4 = 7', response=response, ended=True))
+  assert (verdict.correct, verdict.language_mismatch, verdict.reward) == (correct, mismatch, expected)
+
+
+def test_penalty_is_a_parameter_and_english_prompts_are_not_penalised_for_english():
+  turn = AssistantTurn(response='The answer is 7.', ended=True)
+  assert reward.score(KO_MATH, turn, language_penalty=0.0).reward == 1.0
+  assert reward.score(EN_MATH, turn).reward == 1.0
+
+
+def test_format_check_is_part_of_correctness():
+  no_response = AssistantTurn(thinking='the answer is 7', ended=True)
+  verdict = reward.score(KO_MATH, no_response)
+  assert not verdict.format_ok and verdict.correct is False and verdict.reward == 0.0
+  bad_action = AssistantTurn(response='정답은 7입니다.', ended=True)
+  assert reward.score(KO_MATH, bad_action, actions=['{not json']).correct is False
+
+
+def test_a_prediction_that_hangs_the_verifier_is_wrong_not_unscorable():
+  verdict = reward.score(EN_MATH, AssistantTurn(response='The answer is 9**9**9**9.', ended=True), timeout_s=1.0)
+  assert verdict.correct is False and verdict.reward == 0.0
+
+
+def test_unscorable_gold_gives_no_reward_and_the_judge_is_asked():
+  example = Example(id='m', task='math', language='en', split='heldout', prompt='What is one half?',
+                    answer='\\frac{1}{')  # unparsable gold
+  turn = AssistantTurn(response='The answer is 1/2.', ended=True)
+  verdict = reward.score(example, turn)
+  assert verdict.correct is None and verdict.reward is None
+  calls = []
+
+  def judge(question, reference, candidate, *, criterion):
+    calls.append((question, reference, candidate, criterion))
+    return True
+
+  verdict = reward.score(example, turn, judge=judge)
+  assert verdict.correct is True and verdict.judged and len(calls) == 1
+
+
+@pytest.fixture(scope='module')
+def nl2sql_example(tmp_path_factory):
+  db_dir = tmp_path_factory.mktemp('nl2sql')
+  examples = suites.load('nl2sql', 'heldout', db_dir=db_dir)
+  example = next(e for e in examples if e.language == 'ko' and e.difficulty == 2)
+  return example, nl2sql.build_databases(db_dir)[example.meta['db_id']]
+
+
+def test_nl2sql_scores_the_last_executed_query(nl2sql_example):
+  example, path = nl2sql_example
+  call = lambda query: json.dumps({'tool_name': 'execute_sql', 'parameters': {'query': query}})
+  turn = AssistantTurn(thinking='I ran the query.', response='결과는 위와 같습니다.', ended=True)
+  right = reward.score(example, turn, [call('SELECT 1'), call(example.answer)], db_path=str(path))
+  assert right.correct is True and right.reward == 1.0
+  wrong = reward.score(example, turn, [call(example.answer), call('SELECT 1')], db_path=str(path))
+  assert wrong.correct is False
+  no_query = reward.score(example, turn, [], db_path=str(path))
+  assert no_query.correct is False
+
+
+def test_function_calling_and_multiple_choice(tmp_path):
+  fc = next(e for e in suites.load('function_calling', 'heldout') if e.meta['category'] == 'simple')
+  (truth,) = json.loads(fc.answer)
+  name, args = next(iter(truth.items()))
+  action = json.dumps({'tool_name': name, 'parameters': {k: v[0] for k, v in args.items() if v[0] != ''}},
+                      ensure_ascii=False)
+  assert reward.score(fc, AssistantTurn(action=action, ended=True), [action]).correct is True
+  assert reward.score(fc, AssistantTurn(ended=True), []).correct is False
+  mc = suites.load('korean_mc', 'heldout')[0]
+  assert reward.score(mc, AssistantTurn(response=f'정답: {mc.answer}', ended=True)).reward == 1.0

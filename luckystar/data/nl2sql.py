@@ -428,7 +428,7 @@ def generate(db_paths: dict[str, pathlib.Path], per_template: int = 30, seed: in
                 id=f'nl2sql-{name}-{index}-{language}-{rng.getrandbits(32):08x}', task='nl2sql',
                 language=language, split=INSTANCES[int(instance)][0], prompt=prompt, answer=sql,
                 system=f'SQLite database `{name}`:\n{schema}', difficulty=template.difficulty,
-                meta={'db_id': name, 'template': index})
+                meta={'db_id': name, 'db_path': str(path), 'template': index})
     finally:
       conn.close()
 

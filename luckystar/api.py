@@ -1,14 +1,16 @@
 """The notebook-facing surface: `luckystar.load(...)` → `Model` (DESIGN §8)."""
 
 import dataclasses
+import os
 import pathlib
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from luckystar import model as model_lib
+from luckystar import sampling
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.interop import hf
 
@@ -16,6 +18,22 @@ BUNDLED_DIR = pathlib.Path(__file__).parent / 'assets' / 'models'
 BUNDLED_MODELS = ('tiny-base', 'tiny-sft', 'tiny-rlvr', 'teacher')
 
 _logits = jax.jit(model_lib.apply, static_argnums=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+  """One generated reply. `text` is the response section when there is one, else the decoded text of
+  the whole final assistant turn (special tokens dropped), so a malformed reply is still readable."""
+  text: str
+  thinking: str | None
+  response: str | None
+  actions: list[str]           # every action (tool call) in order, across tool turns
+  finished: bool               # the turn ended (END_OF_TURN, or an action with no tool to run)
+  overlong: bool               # max_new_tokens ran out first
+  rollout: sampling.Rollout    # the token-level record: ids, loss mask, log-probs
+
+
+Tools = sampling.ToolFn | str | os.PathLike | Sequence['str | os.PathLike | None'] | None
 
 
 @dataclasses.dataclass
@@ -35,6 +53,54 @@ class Model:
                        f'[{int(token_ids.min())}, {int(token_ids.max())}]')
     return _logits(self.config, self.params, token_ids)
 
+  def generate(self, prompts: str | Sequence[str], mode: str = 'reasoning', *, max_new_tokens: int = 256,
+               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, tools: Tools = None,
+               system: str | None = None, max_tool_turns: int = 4, max_tool_result_tokens: int = 512
+               ) -> 'Generation | list[Generation]':
+    """Chat replies through the chat template: a str gives one Generation, a list gives a list.
+
+    mode: 'reasoning' or 'concise' (the system preamble). temperature 0 is greedy. tools: None (an
+    action ends the reply), a tool_fn(prompt_index, action_text) -> result text or None, or SQLite
+    database path(s), one for all prompts or one per prompt, to run `execute_sql` actions on.
+    max_new_tokens bounds each reply, tool turns included.
+    """
+    if self.tokenizer is None:
+      raise ValueError('this model has no luckystar tokenizer (its directory has no tokenizer.model with our chat '
+                       'tokens); copy luckystar/assets/tokenizer.model into it, or set model.tokenizer')
+    single = isinstance(prompts, str)
+    texts = [prompts] if single else list(prompts)
+    system_messages = [{'role': 'system', 'content': system}] if system is not None else []
+    rendered = [self.tokenizer.render([*system_messages, {'role': 'user', 'content': text}], mode,
+                                      add_generation_prompt=True)[0] for text in texts]
+    rollouts = sampling.rollout(
+        self.config, self.params, self.tokenizer, rendered, rng=jax.random.key(seed), max_new_tokens=max_new_tokens,
+        tool_fn=_tool_fn(tools, len(texts)), max_tool_turns=max_tool_turns,
+        max_tool_result_tokens=max_tool_result_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+    generations = [self._generation(r) for r in rollouts]
+    return generations[0] if single else generations
+
+  def _generation(self, rollout: sampling.Rollout) -> Generation:
+    turn = rollout.final_turn
+    if turn.response is not None:
+      text = turn.response
+    else:  # the final turn's ids: after the last spliced (mask 0) token
+      generated = np.flatnonzero(rollout.loss_mask == 0)
+      text = self.tokenizer.decode(rollout.token_ids[generated[-1] + 1 if generated.size else 0:])
+    return Generation(text=text, thinking=turn.thinking, response=turn.response, actions=rollout.actions,
+                      finished=rollout.finished, overlong=rollout.overlong, rollout=rollout)
+
+
+def _tool_fn(tools: Tools, num_prompts: int) -> sampling.ToolFn | None:
+  if tools is None or callable(tools):
+    return tools
+  if isinstance(tools, (str, os.PathLike)):
+    return sampling.sql_tool_fn([os.fspath(tools)] * num_prompts)
+  paths = [None if p is None else os.fspath(p) for p in tools]
+  if len(paths) != num_prompts:
+    raise ValueError(f'tools has {len(paths)} database paths for {num_prompts} prompts; give one per prompt '
+                     f'or a single path for all')
+  return sampling.sql_tool_fn(paths)
+
 
 def _dir_tokenizer(path: pathlib.Path) -> tokenizer_lib.Tokenizer | None:
   """Our sentencepiece tokenizer if the directory carries one with our special tokens, else None."""
@@ -48,7 +114,8 @@ def _dir_tokenizer(path: pathlib.Path) -> tokenizer_lib.Tokenizer | None:
 
 
 def load(name_or_path: str | pathlib.Path, **config_overrides: Any) -> Model:
-  """A bundled model name (`tiny-sft`, ...), or a transformers Cohere2/Cohere directory.
+  """A bundled model name (`tiny-sft`, ...), a luckystar run/checkpoint directory (its latest
+  checkpoint's params), or a transformers Cohere2/Cohere directory.
 
   `config_overrides` replace ModelConfig fields, e.g. `param_dtype='bfloat16', dtype='bfloat16'`;
   params are cast to the resulting `param_dtype`.
@@ -62,9 +129,14 @@ def load(name_or_path: str | pathlib.Path, **config_overrides: Any) -> Model:
           f'(expected at {path}); bundled models ship with the training stages that produce them')
   if not path.exists():
     raise FileNotFoundError(f'{path}: no such bundled model or directory; bundled models: {BUNDLED_MODELS}')
+  from luckystar.train import checkpoint  # orbax is heavy; only checkpoint directories need it
+  if checkpoint.is_run_dir(path):
+    config, params = checkpoint.load_params(path)
+    config = config.replace(**config_overrides)
+    return Model(config, jax.tree.map(lambda x: jnp.asarray(x, config.param_dtype), params), tokenizer_lib.default())
   if not hf.is_hf_dir(path):
     raise ValueError(f'{path}: not a model directory luckystar can read (expected a transformers '
-                     f'Cohere2/Cohere directory with config.json and safetensors)')
+                     f'Cohere2/Cohere directory with config.json and safetensors, or a luckystar run directory)')
   config, params = hf.load_hf(path, **config_overrides)
   params = jax.tree.map(lambda x: jnp.asarray(np.asarray(x), config.param_dtype), params)
   return Model(config, params, _dir_tokenizer(path))

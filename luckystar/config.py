@@ -2,6 +2,11 @@
 
 import ml_collections
 
+class UserError(Exception):
+  """Bad input from the user (a config value, a data file, a checkpoint): main prints it without a
+  traceback. The message must name the key, file:line or path, and say what to do."""
+
+
 STAGES = ('sft', 'rejection_sampling', 'rlvr', 'dpo', 'quantize', 'export', 'eval', 'pipeline')
 
 
@@ -16,6 +21,14 @@ def base(stage: str) -> ml_collections.ConfigDict:
   config.total_steps = 100
   config.batch_size = 8
   config.learning_rate = 1e-5
+  # Optimizer (AdamW, linear warmup then cosine to 0 at total_steps; luckystar.train.optim).
+  config.warmup_steps = 0
+  config.weight_decay = 0.0
+  config.b1 = 0.9
+  config.b2 = 0.95
+  config.max_grad_norm = 1.0
+  config.grad_accum_steps = 1          # micro-batches per step; the loss stays sum / count over the batch
+  config.keep_checkpoints = 3
   config.log_every = 1
   config.eval_every = 50
   config.checkpoint_every = 50

@@ -64,7 +64,10 @@ def main(argv):
     raise SystemExit(f'error: {e}') from None
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / 'config.json').write_text(config.to_json_best_effort(indent=2) + '\n')
-  module.run(config, str(workdir))
+  try:
+    module.run(config, str(workdir))
+  except (FileNotFoundError, config_lib.UserError) as e:  # a bad init_from, checkpoint or data file
+    raise SystemExit(f'error: {e}') from None
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -63,3 +63,35 @@ def test_bundled_names_that_are_not_built_yet_say_so():
     if not (api.BUNDLED_DIR / name).is_dir():
       with pytest.raises(FileNotFoundError, match='not built yet'):
         luckystar.load(name)
+
+
+@pytest.fixture(scope='module')
+def chat_model(hf_dir, tmp_path_factory):
+  path = tmp_path_factory.mktemp('hf_chat')
+  shutil.copytree(hf_dir, path, dirs_exist_ok=True)
+  shutil.copy(tokenizer_lib.DEFAULT_PATH, path / 'tokenizer.model')
+  return luckystar.load(path)
+
+
+def test_generate_follows_the_chat_template_and_the_sampler(chat_model):
+  import jax
+  from luckystar import sampling
+  replies = chat_model.generate(['2+3은?', 'What is 2+3?'], mode='concise', max_new_tokens=12, system='Be brief.')
+  assert len(replies) == 2
+  tok = chat_model.tokenizer
+  for question, reply in zip(['2+3은?', 'What is 2+3?'], replies):
+    prompt, _ = tok.render([{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': question}],
+                           'concise', add_generation_prompt=True)
+    want = sampling.sample(chat_model.config, chat_model.params, [prompt], rng=jax.random.key(0), max_new_tokens=12,
+                           temperature=0.0, stop_ids=[tok.end_of_turn_id, tok.end_of_action_id])
+    np.testing.assert_array_equal(reply.rollout.token_ids, np.asarray(want.tokens[0, :int(want.lengths[0])]))
+    assert reply.finished != reply.overlong
+    turn = tok.parse_assistant(reply.rollout.token_ids)
+    assert reply.text == (turn.response if turn.response is not None else tok.decode(reply.rollout.token_ids))
+  single = chat_model.generate('2+3은?', mode='concise', max_new_tokens=12, system='Be brief.')
+  assert single.rollout.token_ids.tolist() == replies[0].rollout.token_ids.tolist()
+
+
+def test_generate_needs_our_tokenizer(hf_dir):
+  with pytest.raises(ValueError, match='no luckystar tokenizer'):
+    luckystar.load(hf_dir).generate('hi')

@@ -42,11 +42,16 @@ def _thinking(example: Example, thinking_language: str) -> str:
   return f'This is a short factual question; the answer is {example.answer}.'
 
 
+def prompt(example: Example) -> list[dict]:
+  """The messages before the assistant's turn: the task context (if any) and the question."""
+  return ([{'role': 'system', 'content': example.system}] if example.system else []) + [
+      {'role': 'user', 'content': example.prompt}]
+
+
 def messages(example: Example, mode: str, *, thinking_language: str = 'en', db_path: str | None = None
              ) -> list[dict]:
   """The conversation an SFT example teaches. NL2SQL needs `db_path` to run its gold query."""
-  conversation = ([{'role': 'system', 'content': example.system}] if example.system else []) + [
-      {'role': 'user', 'content': example.prompt}]
+  conversation = prompt(example)
   thinking = {'thinking': _thinking(example, thinking_language)} if mode == 'reasoning' else {}
   if example.task == 'function_calling':
     return conversation + [{'role': 'assistant', **thinking, 'action': _action(example)}]

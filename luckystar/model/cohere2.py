@@ -4,6 +4,18 @@ Parallel block `x + attn(ln(x)) + mlp(ln(x))`; mean-subtracting LayerNorm withou
 bias; interleaved RoPE on sliding-window layers only (full layers are NoPE);
 GQA; embeddings tied to the LM head, logits scaled by `logit_scale`.
 Layers are scanned in groups of the `layer_types` period.
+
+Decoding with a KV cache (`Decoder(..., cache=...)`, see `init_cache`): a batch is
+left-padded, so every row writes its next token into the same cache column
+`index`; a row's tokens start at column `starts[b]` and have positions
+`column - starts[b]`, so RoPE sees exactly the positions of the unpadded row.
+Full-attention layers keep every column (a buffer of `max_length`); sliding
+layers keep a ring buffer of `min(sliding_window, max_length)` columns (column c
+lives in slot c % size), all the window ever needs. The cache follows the scan:
+its per-layer buffers [groups, batch, kv_heads, slots, head_dim] carry a leading
+axis of layer groups and travel whole in the scan carry, so that a decode step
+writes its column in place (then attends over the updated buffer) instead of
+copying buffers in and out of the scan.
 """
 
 import functools
@@ -12,6 +24,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from luckystar.model.config import REMAT_POLICY_NAMES, SLIDING, ModelConfig
 
@@ -50,8 +63,10 @@ class Projection(nn.Module):
     contract = len(self.axes) - len(self.features)
     kernel = self.param('kernel', _init(self.axes), (*x.shape[x.ndim - contract:], *self.features),
                         self.param_dtype)
-    dims = ((tuple(range(x.ndim - contract, x.ndim)), tuple(range(contract))), ((), ()))
-    return jax.lax.dot_general(x.astype(self.dtype), kernel.astype(self.dtype), dims)
+    # One 2-D matmul: XLA:CPU's backward of a 3-D dot_general is several times slower.
+    leading, contracted = x.shape[:x.ndim - contract], int(np.prod(x.shape[x.ndim - contract:]))
+    out = jnp.dot(x.reshape(-1, contracted).astype(self.dtype), kernel.reshape(contracted, -1).astype(self.dtype))
+    return out.reshape(*leading, *self.features)
 
 
 class LayerNorm(nn.Module):
@@ -95,12 +110,111 @@ def attention_mask(segment_ids: Array, window: int | None) -> Array:
   return (allowed[None] & same_segment)[:, None]
 
 
+# Logical axis names of one layer's cache buffers [groups, batch, kv_heads, slots, head_dim]
+# (kv_heads before slots: the attention matmuls then read the cache without a transpose).
+CACHE_AXES = ('layers', 'batch', 'act_kv_heads', 'length', None)
+
+
+def cache_slots(config: ModelConfig, sliding: bool, max_length: int) -> int:
+  """Columns a layer keeps: the whole context for full layers, the window (as a ring) for sliding ones."""
+  return min(config.sliding_window, max_length) if sliding else max_length
+
+
+def slot_columns(index: Array, slots: int) -> Array:
+  """[slots] the column each ring slot holds once columns < index are written; negative = never written."""
+  last = index - 1
+  return last - jnp.mod(last - jnp.arange(slots), slots)
+
+
+def cache_key_columns(index: Array, length: int, slots: int) -> Array:
+  """The columns of the keys that T = length new tokens at columns index.. attend to.
+
+  One token (a decode step) is written first and attends to the cache alone, the order that lets
+  the write happen in place. A chunk (a prefill) attends to [the cache before the write; the chunk
+  itself], since a ring buffer cannot hold a chunk longer than itself.
+  """
+  if length == 1:
+    return slot_columns(index + 1, slots)
+  return jnp.concatenate([slot_columns(index, slots), index + jnp.arange(length)])
+
+
+def cached_attention_mask(starts: Array, index: Array, length: int, slots: int, window: int | None) -> Array:
+  """[B, 1, T, keys] bool for T new tokens at columns index.. (keys: `cache_key_columns`).
+
+  Key column k is visible from query column q iff starts[b] <= k <= q (not padding, causal) and,
+  for sliding layers, q - window < k.
+  """
+  queries = index + jnp.arange(length)                                           # [T]
+  keys = cache_key_columns(index, length, slots)
+  allowed = (keys[None, None, :] <= queries[None, :, None]) & (keys[None, None, :] >= starts[:, None, None])
+  if window is not None:
+    allowed &= keys[None, None, :] > queries[None, :, None] - window
+  return allowed[:, None]
+
+
+def write_cache(buffer: Array, new: Array, index: Array) -> Array:
+  """Ring write of new [B, K, T, D] at columns index.. into buffer [B, K, slots, D]; only the last
+  `slots` columns survive when T > slots."""
+  slots, length = buffer.shape[2], new.shape[2]
+  columns = slot_columns(index + length, slots)   # the newest column of each slot after the write
+  take = jnp.take(new.astype(buffer.dtype), jnp.clip(columns - index, 0, length - 1), axis=2)
+  return jnp.where((columns >= index)[:, None], take, buffer)
+
+
+def blockwise_attention(q: Array, blocks: list[tuple[Array, Array]], mask: Array, dtype: Any) -> Array:
+  """Softmax attention over key blocks kept apart (never concatenated, so a cache is never copied).
+
+  q [B, T, K, G, D]; blocks of (keys, values) [B, K, S_i, D]; mask [B, 1, T, sum S_i] → [B, T, K, G, D].
+  The cache layout puts K before S so both matmuls read it as is.
+  """
+  scale, lowest = q.shape[-1]**-0.5, jnp.finfo(jnp.float32).min
+  scores, offset = [], 0
+  for keys, _ in blocks:
+    score = jnp.einsum('btkgd,bksd->bkgts', q, keys.astype(q.dtype), preferred_element_type=jnp.float32)
+    scores.append(jnp.where(mask[:, :, None, :, offset:offset + keys.shape[2]], score * scale, lowest))
+    offset += keys.shape[2]
+  top = functools.reduce(jnp.maximum, [score.max(-1, keepdims=True) for score in scores])
+  weights = [jnp.exp(score - top) for score in scores]
+  total = sum(weight.sum(-1) for weight in weights)                              # [B, K, G, T]
+  out = sum(jnp.einsum('bkgts,bksd->bkgtd', weight.astype(dtype), values.astype(dtype),
+                       preferred_element_type=jnp.float32) for weight, (_, values) in zip(weights, blocks))
+  return jnp.einsum('bkgtd->btkgd', out / total[..., None]).astype(dtype)
+
+
+def attend_and_update_cache(q: Array, k: Array, v: Array, cache: dict[str, Array], group: Array, index: Array,
+                            mask: Array, dtype: Any) -> tuple[Array, dict[str, Array]]:
+  """New tokens' attention over the cache of layer group `group`, and the cache with them written in.
+
+  q [B, T, K, G, D]; k, v [B, T, K, D]; cache {'k', 'v'}: [groups, B, K, slots, D] (all groups: they
+  travel in the scan carry, so a decode step updates them in place rather than copying them).
+  """
+  new = {'k': jnp.swapaxes(k, 1, 2), 'v': jnp.swapaxes(v, 1, 2)}                 # [B, K, T, D]
+  if k.shape[1] == 1:  # decode: write the column, then attend to the cache alone
+    # In place for two or more groups; with one group XLA (0.10, CPU) still copies each buffer once
+    # per step, because the reader of the write is then a free reshape it fuses a private write into.
+    slot = jnp.mod(index, cache['k'].shape[3])
+    cache = {name: jax.lax.dynamic_update_slice(cache[name], new[name][None].astype(cache[name].dtype),
+                                                (group, 0, 0, slot, 0)) for name in cache}
+    current = {name: jax.lax.dynamic_index_in_dim(cache[name], group, keepdims=False) for name in cache}
+    out = blockwise_attention(q, [(current['k'], current['v'])], mask, dtype)
+  else:                # prefill: attend to [old cache; chunk], then write
+    old = {name: jax.lax.dynamic_index_in_dim(cache[name], group, keepdims=False) for name in cache}
+    out = blockwise_attention(q, [(old['k'], old['v']), (new['k'], new['v'])], mask, dtype)
+    cache = {name: jax.lax.dynamic_update_index_in_dim(cache[name], write_cache(old[name], new[name], index),
+                                                       group, axis=0) for name in cache}
+  return out, {name: constrain(buffer, CACHE_AXES) for name, buffer in cache.items()}
+
+
 class Attention(nn.Module):
+  """Training: attends within x under `mask`. With `cache` ({'k', 'v'} of every group, see
+  `attend_and_update_cache`), the layer group `group` and the first new column `index`: attends
+  under `cached_attention_mask` and returns (out, updated cache)."""
   config: ModelConfig
   sliding: bool
 
   @nn.compact
-  def __call__(self, x: Array, positions: Array, mask: Array) -> Array:
+  def __call__(self, x: Array, positions: Array, mask: Array, cache: dict[str, Array] | None = None,
+               group: Array | None = None, index: Array | None = None):
     cfg = self.config
     dense = functools.partial(Projection, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
     q = dense((cfg.num_heads, cfg.head_dim), ('embed', 'heads', 'head_dim'), name='q_proj')(x)
@@ -117,12 +231,17 @@ class Attention(nn.Module):
     batch, length = x.shape[:2]
     groups = cfg.num_heads // cfg.num_kv_heads  # query head h uses KV head h // groups
     q = q.reshape(batch, length, cfg.num_kv_heads, groups, cfg.head_dim)
-    scores = jnp.einsum('btkgd,bskd->bkgts', q, k, preferred_element_type=jnp.float32) * cfg.head_dim**-0.5
-    scores = jnp.where(mask[:, :, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
-    out = jnp.einsum('bkgts,bskd->btkgd', probs, v).reshape(batch, length, cfg.num_heads, cfg.head_dim)
+    if cache is None:
+      scores = jnp.einsum('btkgd,bskd->bkgts', q, k, preferred_element_type=jnp.float32) * cfg.head_dim**-0.5
+      scores = jnp.where(mask[:, :, None], scores, jnp.finfo(jnp.float32).min)
+      probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
+      out = jnp.einsum('bkgts,bskd->btkgd', probs, v)
+    else:
+      out, cache = attend_and_update_cache(q, k, v, cache, group, index, mask, cfg.dtype)
+    out = out.reshape(batch, length, cfg.num_heads, cfg.head_dim)
     out = constrain(out, ('batch', 'length', 'act_heads', None))
-    return dense((cfg.hidden_size,), ('heads', 'head_dim', 'embed'), name='o_proj')(out)
+    out = dense((cfg.hidden_size,), ('heads', 'head_dim', 'embed'), name='o_proj')(out)
+    return out if cache is None else (out, cache)
 
 
 class Mlp(nn.Module):
@@ -144,40 +263,62 @@ class Block(nn.Module):
   sliding: bool
 
   @nn.compact
-  def __call__(self, x: Array, positions: Array, mask: Array) -> Array:
+  def __call__(self, x: Array, positions: Array, mask: Array, cache: dict[str, Array] | None = None,
+               group: Array | None = None, index: Array | None = None):
     h = LayerNorm(self.config.layer_norm_eps, self.config.param_dtype, name='input_layernorm')(x)
-    out = x + Attention(self.config, self.sliding, name='self_attn')(h, positions, mask) + Mlp(
-        self.config, name='mlp')(h)
-    return constrain(out, ('batch', 'length', 'act_embed'))
+    attention = Attention(self.config, self.sliding, name='self_attn')(h, positions, mask, cache, group, index)
+    if cache is not None:
+      attention, cache = attention
+    out = constrain(x + attention + Mlp(self.config, name='mlp')(h), ('batch', 'length', 'act_embed'))
+    return out if cache is None else (out, cache)
 
 
 class LayerGroup(nn.Module):
-  """One period of `layer_types` (e.g. 3 sliding + 1 full); the scan body."""
+  """One period of `layer_types` (e.g. 3 sliding + 1 full); the scan body.
+
+  The carry is x [B, T, E], or when decoding (x, caches, group, index): the caches of every group
+  ({'layer_i': {'k', 'v'}}), this group's number and the first new column.
+  """
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x: Array, positions: Array, masks: dict[str, Array]) -> tuple[Array, None]:
+  def __call__(self, carry, positions: Array, masks: dict[str, Array]):
+    x, caches = (carry, None) if not isinstance(carry, tuple) else (carry[0], dict(carry[1]))
     for i, layer_type in enumerate(self.config.layer_types[:self.config.layer_period]):
-      x = Block(self.config, layer_type == SLIDING, name=f'layer_{i}')(x, positions, masks[layer_type])
-    return x, None
+      block = Block(self.config, layer_type == SLIDING, name=f'layer_{i}')
+      if caches is None:
+        x = block(x, positions, masks[layer_type])
+      else:
+        group, index = carry[2], carry[3]
+        x, caches[f'layer_{i}'] = block(x, positions, masks[layer_type], caches[f'layer_{i}'], group, index)
+    return (x if caches is None else (x, caches, carry[2] + 1, carry[3])), None
 
 
 class Decoder(nn.Module):
-  """tokens [B, T] int → logits [B, T, V] float32."""
+  """tokens [B, T] int → logits [B, T, V] float32.
+
+  With `cache` (see `init_cache`): tokens are the next T columns of every row, positions and
+  masks come from the cache, and the call returns (logits, updated cache). `last_only` keeps
+  only the last column's logits ([B, 1, V]), all a sampler needs after a prefill.
+  """
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, tokens: Array, positions: Array | None = None, segment_ids: Array | None = None) -> Array:
+  def __call__(self, tokens: Array, positions: Array | None = None, segment_ids: Array | None = None,
+               cache: dict[str, Any] | None = None, last_only: bool = False):
     cfg = self.config
+    if cache is not None:
+      if positions is not None or segment_ids is not None:
+        raise ValueError('with a cache, positions come from cache["starts"]; do not pass positions/segment_ids')
+      return self._extend(tokens, cache, last_only)
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     if segment_ids is None:
       segment_ids = jnp.ones_like(tokens)
-    embedding = self.param('embedding', _init(('vocab', 'embed')), (cfg.vocab_size, cfg.hidden_size),
-                           cfg.param_dtype)
+    embedding = self._embedding()
     x = constrain(jnp.take(embedding, tokens, axis=0).astype(cfg.dtype), ('batch', 'length', 'act_embed'))
     masks = {layer_type: attention_mask(segment_ids, cfg.sliding_window if layer_type == SLIDING else None)
-             for layer_type in set(cfg.layer_types)}
+             for layer_type in sorted(set(cfg.layer_types))}  # sorted: a stable program for the compile cache
 
     group = LayerGroup
     if cfg.remat_policy != 'none':
@@ -186,7 +327,39 @@ class Decoder(nn.Module):
                       in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_layers // cfg.layer_period,
                       metadata_params={nn.PARTITION_NAME: 'layers'})
     x, _ = scanned(cfg, name='layers')(x, positions, masks)
+    return self._logits(x, embedding)
 
+  def _embedding(self) -> Array:
+    cfg = self.config
+    return self.param('embedding', _init(('vocab', 'embed')), (cfg.vocab_size, cfg.hidden_size), cfg.param_dtype)
+
+  def _logits(self, x: Array, embedding: Array) -> Array:
+    cfg = self.config
     x = LayerNorm(cfg.layer_norm_eps, cfg.param_dtype, name='norm')(x)
     logits = jnp.einsum('bte,ve->btv', x, embedding.astype(cfg.dtype), preferred_element_type=jnp.float32)
     return constrain(logits * cfg.logit_scale, ('batch', 'length', 'act_vocab'))
+
+  def _extend(self, tokens: Array, cache: dict[str, Any], last_only: bool) -> tuple[Array, dict[str, Any]]:
+    """Appends tokens [B, T] at columns cache['index'].. of every row; (logits, new cache)."""
+    cfg = self.config
+    index, starts, length = cache['index'], cache['starts'], tokens.shape[1]
+    positions = jnp.maximum(index + jnp.arange(length)[None, :] - starts[:, None], 0)  # padding: any position
+    embedding = self._embedding()
+    x = constrain(jnp.take(embedding, tokens, axis=0).astype(cfg.dtype), ('batch', 'length', 'act_embed'))
+    layer_types = cfg.layer_types[:cfg.layer_period]
+    masks = {}
+    for i, layer_type in enumerate(layer_types):
+      slots = cache['layers'][f'layer_{i}']['k'].shape[3]
+      window = cfg.sliding_window if layer_type == SLIDING else None
+      masks[layer_type] = cached_attention_mask(starts, index, length, slots, window)
+    # No remat: decoding takes no gradients. Same module names as training, so the same params.
+    # Fully unrolled (unroll=0; jax reads unroll=True as 1 for a single group), so the groups' cache
+    # buffers are updated in place rather than copied through a loop; compile time grows with depth.
+    scanned = nn.scan(LayerGroup, variable_axes={'params': 0}, split_rngs={'params': True},
+                      in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_layers // cfg.layer_period, unroll=0,
+                      metadata_params={nn.PARTITION_NAME: 'layers'})
+    (x, layers, _, _), _ = scanned(cfg, name='layers')((x, cache['layers'], jnp.int32(0), index), positions, masks)
+    if last_only:
+      x = x[:, -1:]
+    new_cache = {'index': index + length, 'starts': starts, 'layers': layers}
+    return self._logits(x, embedding), new_cache

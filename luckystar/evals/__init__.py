@@ -1,0 +1,1 @@
+"""Held-out evaluation: the core every stage logs (`core.evaluate`), suites and reports on top."""

@@ -1,0 +1,120 @@
+"""Held-out correctness per task and language, in both modes (DESIGN §8 `eval/*` metrics).
+
+Greedy decoding, the tool loop on (NL2SQL runs its SQL in the sandbox), scored by
+`rewards.reward.score`. Metric names, for mode m in (reasoning, concise):
+
+    eval/<m>/correctness, eval/<m>/correctness/<task>, eval/<m>/correctness/<language>,
+    eval/<m>/correctness/<task>/<language>, eval/<m>/language_mismatch, eval/<m>/response_length,
+    eval/<m>/thinking_rate, eval/<m>/format_ok, eval/<m>/unscorable
+
+and the reasoning-mode headline figures again as eval/correctness, eval/language_mismatch,
+eval/response_length (plus eval/correctness/<task>, eval/correctness/<language>).
+`language_mismatch` is the paper's Table 2 figure: among Korean prompts with a parsable
+response, the fraction whose response is not Korean.
+"""
+
+import collections
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from luckystar import sampling
+from luckystar.data import conversations, suites
+from luckystar.data.examples import Example
+from luckystar.model import ModelConfig
+from luckystar.rewards import language, reward
+from luckystar.tokenizer import Tokenizer
+
+MODES = ('reasoning', 'concise')
+TASKS = ('math', 'nl2sql', 'function_calling', 'korean_mc', 'chat')
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  tasks: Sequence[str] = TASKS
+  modes: Sequence[str] = MODES
+  split: str = 'heldout'
+  per_task_language: int = 32      # examples per (task, language); the first N of the split
+  max_new_tokens: int = 160
+  max_tool_turns: int = 2
+  max_tool_result_tokens: int = 96
+  batch_size: int = 32
+  seed: int = 0
+
+  @classmethod
+  def from_config(cls, config: Any) -> 'Settings':
+    return cls(**{k: (tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in dict(config).items()})
+
+
+def select(settings: Settings) -> list[Example]:
+  """The first `per_task_language` held-out examples of each (task, language): a fixed eval set."""
+  chosen = []
+  for task in settings.tasks:
+    counts = collections.Counter()
+    for example in suites.load(task, settings.split, seed=settings.seed):
+      if counts[example.language] < settings.per_task_language:
+        counts[example.language] += 1
+        chosen.append(example)
+  return chosen
+
+
+def _tool_fn(examples: Sequence[Example]):
+  """Rows of NL2SQL examples run their SQL in the sandbox; other rows have no tool (the call is the answer)."""
+  return sampling.sql_tool_fn([e.meta.get('db_path') if e.task == 'nl2sql' else None for e in examples])
+
+
+def run_examples(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, examples: Sequence[Example],
+                 mode: str, settings: Settings) -> list[tuple[Example, Any, reward.Verdict]]:
+  """Greedy rollouts of `examples` in `mode`, each with its verdict."""
+  results = []
+  for start in range(0, len(examples), settings.batch_size):
+    batch = examples[start:start + settings.batch_size]
+    prompts = [tokenizer.render(conversations.prompt(e), mode, add_generation_prompt=True)[0] for e in batch]
+    rollouts = sampling.rollout(
+        model_config, params, tokenizer, prompts, tool_fn=_tool_fn(batch), max_tool_turns=settings.max_tool_turns,
+        max_tool_result_tokens=settings.max_tool_result_tokens, max_new_tokens=settings.max_new_tokens,
+        temperature=0.0, rng=jax.random.key(settings.seed))
+    for example, rollout in zip(batch, rollouts):
+      results.append((example, rollout, reward.score(example, rollout.final_turn, rollout.actions)))
+  return results
+
+
+def _mean(values) -> float:
+  values = list(values)
+  return float(np.mean(values)) if values else float('nan')
+
+
+def summarize(results: Sequence[tuple[Example, Any, reward.Verdict]], mode: str) -> dict[str, float]:
+  metrics = {}
+  prefix = f'eval/{mode}'
+  scored = [(e, r, v) for e, r, v in results if v.correct is not None]
+  metrics[f'{prefix}/correctness'] = _mean(v.correct for _, _, v in scored)
+  groups = collections.defaultdict(list)
+  for example, _, verdict in scored:
+    for key in (example.task, example.language, f'{example.task}/{example.language}'):
+      groups[key].append(verdict.correct)
+  metrics.update({f'{prefix}/correctness/{key}': _mean(values) for key, values in sorted(groups.items())})
+  korean = [v.language_mismatch for e, r, v in results
+            if reward.prompt_language(e.prompt) == 'ko' and r.final_turn.response and language.detect(r.final_turn.response)]
+  metrics[f'{prefix}/language_mismatch'] = _mean(korean)
+  metrics[f'{prefix}/response_length'] = _mean(int(np.sum(r.loss_mask)) for _, r, _ in results)
+  metrics[f'{prefix}/thinking_rate'] = _mean(r.final_turn.thinking is not None for _, r, _ in results)
+  metrics[f'{prefix}/format_ok'] = _mean(v.format_ok for _, _, v in results)
+  metrics[f'{prefix}/unscorable'] = float(len(results) - len(scored))
+  return metrics
+
+
+def evaluate(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, settings: Settings = Settings()
+             ) -> dict[str, float]:
+  """Every `eval/*` metric of the module docstring for one set of params."""
+  examples = select(settings)
+  metrics = {}
+  for mode in settings.modes:
+    metrics.update(summarize(run_examples(model_config, params, tokenizer, examples, mode, settings), mode))
+  if 'reasoning' in settings.modes:
+    for key, value in list(metrics.items()):
+      if key.startswith('eval/reasoning/') and key.count('/') <= 3:
+        metrics['eval/' + key.removeprefix('eval/reasoning/')] = value
+  return metrics

@@ -1,0 +1,379 @@
+"""KV-cache sampler and the multi-turn tool rollout loop (DESIGN §4, §5).
+
+`sample` generates for a batch of prompts of different lengths in one jitted
+program: a prefill of the left-padded prompts, then a `lax.while_loop` of
+one-token decode steps that ends when every row has stopped. Each row stops on
+its own at a stop token or at its token budget; rows that stopped keep running
+in the batch (their outputs are masked), which keeps the program static.
+
+`rollout` runs the agent loop on top: a row that stops at END_ACTION gets its
+tool called, the tool turn is spliced in, and every row that has a tool result
+resumes, all together, from a fresh prefill of its whole conversation so far
+(simple and exact; the prefill is cheap next to the decode steps). The layout
+of a tool round trip (`tool_turn_ids`) equals what `Tokenizer.render` produces
+for an assistant turn with an action followed by a tool turn and another
+assistant turn.
+
+Log-probs come in two flavours per generated token: `logprobs`, of the
+distribution actually sampled from (after temperature, top-k and top-p; 0 for
+greedy, a point mass), and `untruncated_logprobs`, log softmax(logits / T)
+(T = 1 for greedy), which is what RL losses recompute from the policy.
+"""
+
+import dataclasses
+import functools
+import json
+from typing import Any, Callable, Protocol, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from luckystar import model as model_lib
+from luckystar import tokenizer as tokenizer_lib
+from luckystar.model.cohere2 import constrain
+from luckystar.rewards import function_call
+from luckystar.tools import SQL_TOOL
+from luckystar.tools import sql as sql_tool
+
+Array = jax.Array
+PAD_ID = 0  # written after a row stops, and used to left-pad prompts (never attended to)
+ToolFn = Callable[[int, str], 'str | None']
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+  """temperature 0 = greedy; top_k 0 and top_p 1.0 mean off. Applied in that order, as transformers does."""
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+
+  def __post_init__(self):
+    if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+      raise ValueError(f'bad sampling settings {self}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1')
+
+
+class Decoder(Protocol):
+  """What the sampler needs from a model: a hashable object (it is a static jit argument).
+
+  prefill: left-padded tokens [B, T] (row b starts at column starts[b]) → (logits [B, V] of
+    each row's last token, state able to hold max_length columns).
+  decode: tokens [B, 1], the next column of every row → (logits [B, V], state).
+  """
+
+  def prefill(self, params: Any, tokens: Array, starts: Array, max_length: int) -> tuple[Array, Any]:
+    ...
+
+  def decode(self, params: Any, tokens: Array, state: Any) -> tuple[Array, Any]:
+    ...
+
+
+@dataclasses.dataclass(frozen=True)
+class CachedDecoder:
+  """The luckystar model with its KV cache (model.prefill / model.decode)."""
+  config: model_lib.ModelConfig
+
+  def prefill(self, params, tokens, starts, max_length):
+    return model_lib.prefill(self.config, params, tokens, starts, max_length)
+
+  def decode(self, params, tokens, state):
+    logits, state = model_lib.decode(self.config, params, tokens, state)
+    return logits[:, -1], state
+
+
+def as_decoder(model: 'model_lib.ModelConfig | Decoder') -> Decoder:
+  return CachedDecoder(model) if isinstance(model, model_lib.ModelConfig) else model
+
+
+@flax.struct.dataclass
+class SampleOutput:
+  """Per row b: tokens[b, :lengths[b]] were generated (a stop token included); the rest is PAD_ID / 0."""
+  tokens: Array                 # [B, N] int32
+  logprobs: Array               # [B, N] float32, of the distribution sampled from
+  untruncated_logprobs: Array   # [B, N] float32, log softmax(logits / temperature)
+  lengths: Array                # [B] int32
+  finished: Array               # [B] bool: stopped at a stop token
+  overlong: Array               # [B] bool: hit its token budget without a stop token
+
+
+def truncated_logits(scaled: Array, top_k: int, top_p: float) -> Array:
+  """scaled [B, V] with everything outside the top-k and then the top-p nucleus set to -inf.
+
+  Ties at a threshold are all kept. The nucleus is the smallest head of the (top-k renormalised)
+  distribution whose mass reaches top_p; the most likely token is always kept.
+  """
+  if top_k:
+    kth = jax.lax.top_k(scaled, min(top_k, scaled.shape[-1]))[0][:, -1:]
+    scaled = jnp.where(scaled >= kth, scaled, -jnp.inf)
+  if top_p < 1.0:
+    descending = -jnp.sort(-scaled, axis=-1)
+    probs = jax.nn.softmax(descending, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    kept = jnp.sum(mass_before < top_p, axis=-1, keepdims=True)            # >= 1
+    threshold = jnp.take_along_axis(descending, kept - 1, axis=-1)
+    scaled = jnp.where(scaled >= threshold, scaled, -jnp.inf)
+  return scaled
+
+
+def greedy_tokens(logits: Array) -> Array:
+  """argmax over the last axis (the first maximum) as two plain reductions: XLA's CPU argmax, a
+  variadic reduce, took ~10% of the `bench` model's decode step at batch 64 (3x these two)."""
+  top = logits.max(-1, keepdims=True)
+  first = jnp.min(jnp.where(logits == top, jnp.arange(logits.shape[-1]), logits.shape[-1]), axis=-1)
+  return jnp.minimum(first, logits.shape[-1] - 1)  # NaN logits: some valid id rather than out of range
+
+
+def token_logprobs(logits: Array, tokens: Array) -> Array:
+  """log softmax(logits)[tokens] for logits [B, V], tokens [B], without materialising the log-softmax."""
+  return jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(logits, axis=-1)
+
+
+def choose_tokens(logits: Array, rng: Array, settings: SamplingSettings) -> tuple[Array, Array, Array]:
+  """logits [B, V] float32 → (tokens [B], sampled-distribution log-probs [B], untruncated log-probs [B])."""
+  if settings.temperature == 0:
+    tokens = greedy_tokens(logits)
+    untruncated = token_logprobs(logits, tokens)
+    return tokens, jnp.zeros_like(untruncated), untruncated
+  scaled = logits / settings.temperature
+  truncated = truncated_logits(scaled, settings.top_k, settings.top_p)
+  tokens = jax.random.categorical(rng, truncated, axis=-1)
+  return tokens, token_logprobs(truncated, tokens), token_logprobs(scaled, tokens)
+
+
+@functools.partial(jax.jit, static_argnames=('decoder', 'max_new_tokens', 'settings'))
+def sample_padded(decoder: Decoder, params: Any, tokens: Array, starts: Array, budgets: Array, stop_ids: Array,
+                  rng: Array, *, max_new_tokens: int, settings: SamplingSettings) -> SampleOutput:
+  """The jitted sampler on left-padded prompts.
+
+  tokens [B, T] int32, row b's prompt in tokens[b, starts[b]:]; budgets [B] int32 <= max_new_tokens,
+  the most tokens row b may generate (0: none); stop_ids [S] int32 (-1 never matches). Under
+  `sharding.activate(mesh)` the batch axis is sharded over the mesh's ('data', 'fsdp') axes.
+  """
+  batch = tokens.shape[0]
+  tokens = constrain(tokens.astype(jnp.int32), ('batch', 'length'))
+  budgets = constrain(budgets.astype(jnp.int32), ('batch',))
+  logits, state = decoder.prefill(params, tokens, constrain(starts.astype(jnp.int32), ('batch',)),
+                                  tokens.shape[1] + max_new_tokens)
+
+  def record(carry, logits):
+    """Samples column `step` from logits and writes it for the rows still running."""
+    step = carry['step']
+    token, logprob, untruncated = choose_tokens(logits, jax.random.fold_in(rng, step), settings)
+    running = ~carry['done']
+    token = jnp.where(running, token, PAD_ID).astype(jnp.int32)
+    stopped = running & jnp.isin(token, stop_ids)
+    lengths = carry['lengths'] + running
+    write = lambda buffer, value: jax.lax.dynamic_update_slice_in_dim(
+        buffer, jnp.where(running, value, 0).astype(buffer.dtype)[:, None], step, axis=1)
+    return {**carry, 'step': step + 1, 'last': token, 'lengths': lengths,
+            'finished': carry['finished'] | stopped, 'done': carry['done'] | stopped | (lengths >= budgets),
+            'tokens': write(carry['tokens'], token), 'logprobs': write(carry['logprobs'], logprob),
+            'untruncated': write(carry['untruncated'], untruncated)}
+
+  zeros = lambda dtype: constrain(jnp.zeros((batch, max_new_tokens), dtype), ('batch', 'length'))
+  carry = {'step': jnp.zeros((), jnp.int32), 'last': jnp.zeros((batch,), jnp.int32), 'state': state,
+           'lengths': jnp.zeros((batch,), jnp.int32), 'finished': jnp.zeros((batch,), bool), 'done': budgets <= 0,
+           'tokens': zeros(jnp.int32), 'logprobs': zeros(jnp.float32), 'untruncated': zeros(jnp.float32)}
+  carry = record(carry, logits)
+
+  def keep_going(carry):
+    return (carry['step'] < max_new_tokens) & ~jnp.all(carry['done'])
+
+  def step(carry):
+    logits, state = decoder.decode(params, carry['last'][:, None], carry['state'])
+    return record({**carry, 'state': state}, logits)
+
+  carry = jax.lax.while_loop(keep_going, step, carry)
+  return SampleOutput(tokens=carry['tokens'], logprobs=carry['logprobs'], untruncated_logprobs=carry['untruncated'],
+                      lengths=carry['lengths'], finished=carry['finished'],
+                      overlong=~carry['finished'] & (carry['lengths'] >= budgets))
+
+
+def _round_up(value: int, multiple: int) -> int:
+  return -(-value // multiple) * multiple
+
+
+def _bucket(value: int, multiple: int) -> int:
+  """value rounded up to a positive multiple: few distinct shapes, few compiled programs."""
+  return max(multiple, _round_up(value, multiple))
+
+
+def left_pad(prompts: Sequence[Sequence[int]], length_multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
+  """Prompts → (tokens [B, T] int32 left-padded with PAD_ID, starts [B]); T is a multiple of length_multiple."""
+  if not prompts or any(len(p) == 0 for p in prompts):
+    raise ValueError('every prompt needs at least one token (render it with add_generation_prompt=True)')
+  length = _round_up(max(map(len, prompts)), length_multiple)
+  tokens = np.full((len(prompts), length), PAD_ID, np.int32)
+  for row, prompt in enumerate(prompts):
+    tokens[row, length - len(prompt):] = prompt
+  return tokens, np.array([length - len(p) for p in prompts], np.int32)
+
+
+def sample(model: 'model_lib.ModelConfig | Decoder', params: Any, prompts: Sequence[Sequence[int]], *,
+           rng: Array, max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+           stop_ids: Sequence[int] = (), budgets: Sequence[int] | None = None,
+           length_multiple: int = 1) -> SampleOutput:
+  """Generates up to max_new_tokens per prompt (token id lists of any lengths).
+
+  model: a ModelConfig (the cached luckystar decoder) or any `Decoder`. budgets: per-row limits
+  (default max_new_tokens). length_multiple rounds the padded prompt length up, so that calls with
+  similar prompts reuse one compiled program.
+  """
+  if max_new_tokens < 1:
+    raise ValueError(f'max_new_tokens must be at least 1, got {max_new_tokens}')
+  tokens, starts = left_pad(prompts, length_multiple)
+  budgets = np.full(len(prompts), max_new_tokens, np.int32) if budgets is None else np.asarray(budgets, np.int32)
+  if budgets.shape != (len(prompts),) or budgets.max(initial=0) > max_new_tokens:
+    raise ValueError(f'budgets must be {len(prompts)} ints <= max_new_tokens={max_new_tokens}, got {budgets}')
+  stops = np.full(_bucket(len(stop_ids), 4), -1, np.int32)  # a few sizes, so stop sets share programs
+  stops[:len(stop_ids)] = stop_ids
+  settings = SamplingSettings(float(temperature), int(top_k), float(top_p))
+  return sample_padded(as_decoder(model), params, tokens, starts, budgets, stops, rng,
+                       max_new_tokens=int(max_new_tokens), settings=settings)
+
+
+# ---- the multi-turn tool loop ------------------------------------------------------------------
+
+
+def tool_turn_ids(tokenizer: tokenizer_lib.Tokenizer, result_ids: Sequence[int]) -> list[int]:
+  """What follows a generated `...<|END_ACTION|>` when the tool answers, the one place it is built:
+
+      <|END_OF_TURN|><|START_OF_TURN|><|TOOL|>{result}<|END_OF_TURN|><|START_OF_TURN|><|ASSISTANT|>
+
+  i.e. the rest of the assistant turn as `Tokenizer.render` closes it, the tool turn, and the
+  generation prompt of the next assistant turn. None of it is trained on (loss mask 0).
+  """
+  special = tokenizer.special_ids
+  start, end = special[tokenizer_lib.START_OF_TURN], special[tokenizer_lib.END_OF_TURN]
+  return [end, start, special[tokenizer_lib.ROLE_TOKENS['tool']], *result_ids, end,
+          *tokenizer.generation_prompt()]
+
+
+@dataclasses.dataclass
+class Rollout:
+  """One row's continuation after its prompt, all arrays aligned with token_ids.
+
+  loss_mask is 1 on model-generated tokens and 0 on the spliced tool round trips; both log-prob
+  arrays are 0 where the mask is 0. stop_reason: 'end_of_turn' (the assistant closed its turn),
+  'action' (stopped at END_ACTION and tool_fn returned None: the action is the answer),
+  'tool_limit' (an action after max_tool_turns tool calls; the tool was not run) or 'overlong'
+  (the budget ran out first). finished = stop_reason != 'overlong'.
+  """
+  token_ids: np.ndarray             # [L] int32
+  loss_mask: np.ndarray             # [L] int32
+  logprobs: np.ndarray              # [L] float32
+  untruncated_logprobs: np.ndarray  # [L] float32
+  actions: list[str]                # the action texts, in order
+  final_turn: tokenizer_lib.AssistantTurn   # the last assistant turn, parsed
+  stop_reason: str
+
+  @property
+  def finished(self) -> bool:
+    return self.stop_reason != 'overlong'
+
+  @property
+  def overlong(self) -> bool:
+    return self.stop_reason == 'overlong'
+
+
+@dataclasses.dataclass
+class _Row:
+  prompt: list[int]
+  ids: list[int] = dataclasses.field(default_factory=list)
+  mask: list[int] = dataclasses.field(default_factory=list)
+  logprobs: list[float] = dataclasses.field(default_factory=list)
+  untruncated: list[float] = dataclasses.field(default_factory=list)
+  actions: list[str] = dataclasses.field(default_factory=list)
+  turn_start: int = 0     # where the current assistant turn starts in ids
+  stop_reason: str | None = None
+
+
+def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: tokenizer_lib.Tokenizer,
+            prompts: Sequence[Sequence[int]], *, rng: Array, max_new_tokens: int, tool_fn: ToolFn | None = None,
+            max_tool_turns: int = 4, max_tool_result_tokens: int = 512, temperature: float = 1.0, top_k: int = 0,
+            top_p: float = 1.0, length_multiple: int = 64) -> list[Rollout]:
+  """Generates each prompt's continuation, running tools between turns.
+
+  prompts: rendered with add_generation_prompt=True. A row that stops at END_ACTION gets
+  `tool_fn(row_index, action_text)`: a string is the tool result, spliced in as `tool_turn_ids`
+  (cut to max_tool_result_tokens tokens) before generation resumes; None, or no tool_fn, ends
+  the row. max_new_tokens bounds the whole continuation, spliced tool turns included, so a
+  sequence never exceeds prompt + max_new_tokens. Rows that resume are batched together; shapes
+  are rounded up to length_multiple (and the batch to a power of two) to reuse compiled programs.
+  """
+  settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+  stop_ids = (tokenizer.end_of_turn_id, tokenizer.end_of_action_id)
+  rows = [_Row(prompt=list(p)) for p in prompts]
+  active = list(range(len(rows)))
+  for round_index in range(max_tool_turns + 1):
+    if not active:
+      break
+    budgets = [max_new_tokens - len(rows[i].ids) for i in active]
+    inputs = [rows[i].prompt + rows[i].ids for i in active]
+    batch = 1 << (len(active) - 1).bit_length()  # filler rows have budget 0: they generate nothing
+    out = jax.device_get(sample(
+        model, params, inputs + [inputs[0]] * (batch - len(active)), rng=jax.random.fold_in(rng, round_index),
+        max_new_tokens=_bucket(max(budgets), length_multiple), stop_ids=stop_ids,
+        budgets=budgets + [0] * (batch - len(active)), length_multiple=length_multiple, **settings))
+    resuming = []
+    for slot, i in enumerate(active):
+      row, length = rows[i], int(out.lengths[slot])
+      row.ids += out.tokens[slot, :length].tolist()
+      row.mask += [1] * length
+      row.logprobs += out.logprobs[slot, :length].tolist()
+      row.untruncated += out.untruncated_logprobs[slot, :length].tolist()
+      if out.overlong[slot]:
+        row.stop_reason = 'overlong'
+      elif row.ids[-1] == tokenizer.end_of_turn_id:
+        row.stop_reason = 'end_of_turn'
+      else:  # stopped at END_ACTION
+        row.actions.append(tokenizer.parse_assistant(row.ids[row.turn_start:]).action or '')
+        if round_index == max_tool_turns:
+          row.stop_reason = 'tool_limit'
+          continue
+        result = tool_fn(i, row.actions[-1]) if tool_fn is not None else None
+        if result is None:
+          row.stop_reason = 'action'
+          continue
+        splice = tool_turn_ids(tokenizer, tokenizer.encode(result)[:max_tool_result_tokens])
+        if len(row.ids) + len(splice) >= max_new_tokens:  # no room left to answer
+          splice = splice[:max_new_tokens - len(row.ids)]
+          row.stop_reason = 'overlong'
+        row.ids += splice
+        row.mask += [0] * len(splice)
+        row.logprobs += [0.0] * len(splice)
+        row.untruncated += [0.0] * len(splice)
+        row.turn_start = len(row.ids)
+        if row.stop_reason is None:
+          resuming.append(i)
+    active = resuming
+  return [Rollout(token_ids=np.array(r.ids, np.int32), loss_mask=np.array(r.mask, np.int32),
+                  logprobs=np.array(r.logprobs, np.float32), untruncated_logprobs=np.array(r.untruncated, np.float32),
+                  actions=r.actions, final_turn=tokenizer.parse_assistant(r.ids[r.turn_start:]),
+                  stop_reason=r.stop_reason or 'overlong') for r in rows]
+
+
+def sql_tool_fn(db_paths: Sequence[str | None], *, timeout_s: float = 2.0, max_chars: int = 2_000) -> ToolFn:
+  """A tool_fn that runs `execute_sql` actions of row i against db_paths[i] in the SQL sandbox.
+
+  The action must be one call `{"tool_name": "execute_sql", "parameters": {"query": ...}}` or a
+  list of them (results joined by a blank line). Anything else (another tool, a format error, a
+  row without a database) returns None: there is no tool to run, and the reward judges the action.
+  """
+  def run(row: int, action_text: str) -> str | None:
+    calls = function_call.parse_calls(action_text)
+    db_path = db_paths[row]
+    if calls is None or db_path is None or any(call['tool_name'] != SQL_TOOL for call in calls):
+      return None
+    results = []
+    for call in calls:
+      query = call['parameters'].get('query')
+      if not isinstance(query, str):
+        results.append(f'ERROR: {SQL_TOOL} needs one string parameter "query", got '
+                       f'{json.dumps(call["parameters"], ensure_ascii=False)[:200]}')
+      else:
+        results.append(sql_tool.format_result(sql_tool.execute(db_path, query, timeout_s=timeout_s), max_chars))
+    return '\n\n'.join(results)
+
+  return run

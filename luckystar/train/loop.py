@@ -1,0 +1,151 @@
+"""The training loop every stage reuses: resume → step to `total_steps` → log, eval, checkpoint.
+
+Config keys: `total_steps`, `log_every`, `eval_every`, `checkpoint_every`, `keep_checkpoints`.
+
+Resume: the latest complete checkpoint under `workdir/checkpoints/` restores the TrainState
+(params, optimizer state, step, RNG key) and moves the grain iterator to where it was, so the
+steps that follow are those of an uninterrupted run, bit for bit. A finished run re-run only
+redraws its plots. Step t's key is `fold_in(state.rng, t)`, independent of where a run resumed.
+
+Fault injection for tests: with the environment variable LUCKYSTAR_CRASH_AFTER_STEP=k the process
+SIGKILLs itself after step k, once earlier checkpoints are on disk (a crash, not a clean exit).
+"""
+
+import logging as logging_std
+import os
+import pathlib
+import signal
+import time
+from typing import Any, Callable, Iterator
+
+from absl import logging
+import jax
+import tqdm
+
+from luckystar import model
+from luckystar.train import checkpoint
+from luckystar.train import metrics as metrics_lib
+from luckystar.train import state as state_lib
+from luckystar.train.state import TrainState
+from luckystar.train.step import MeshFunction
+
+EvalFn = Callable[[Any, int], dict[str, Any]]
+CRASH_AFTER_STEP_ENV = 'LUCKYSTAR_CRASH_AFTER_STEP'
+
+
+class _HideOrbaxInfo(logging_std.Filter):
+  """orbax logs dozens of INFO lines per checkpoint; keep its warnings and errors only."""
+
+  def filter(self, record: logging_std.LogRecord) -> bool:
+    return record.levelno >= logging_std.WARNING or '/orbax/' not in record.pathname
+
+
+logging.get_absl_handler().addFilter(_HideOrbaxInfo())
+
+
+def _due(step: int, every: int, last: int) -> bool:
+  return step == last or (every > 0 and step % every == 0)
+
+
+def _log_memory(compiled) -> None:
+  stats = compiled.memory_analysis()
+  if stats is None:
+    logging.info('update step memory analysis: not available on this backend')
+    return
+  mib = lambda n: f'{n / 2**20:.1f} MiB'
+  logging.info('update step memory per device: arguments %s, outputs %s (aliased %s), temporaries %s, code %s',
+               mib(stats.argument_size_in_bytes), mib(stats.output_size_in_bytes), mib(stats.alias_size_in_bytes),
+               mib(stats.temp_size_in_bytes), mib(stats.generated_code_size_in_bytes))
+
+
+def _evaluate(eval_fn: EvalFn | None, params: Any, step: int) -> dict[str, Any]:
+  if eval_fn is None:
+    return {}
+  results = eval_fn(params, step)
+  if bad := [k for k in results if not k.startswith('eval/')]:
+    raise ValueError(f'eval_fn returned metrics {bad}; held-out metrics are named eval/<name> (DESIGN §8)')
+  return results
+
+
+def is_finished(config, workdir: str | pathlib.Path) -> bool:
+  """True when `workdir` holds a checkpoint at `config.total_steps` or later: a re-run has nothing to
+  train, and a stage may return before loading its initial model and data."""
+  step = checkpoint.latest_step(workdir)
+  return step is not None and step >= config.total_steps
+
+
+def finish_without_training(config, workdir: str | pathlib.Path) -> None:
+  """What a re-run of a finished run does: says so and redraws the plots."""
+  logging.info('%s: already at step %d of %d; nothing to train', workdir, checkpoint.latest_step(workdir),
+               config.total_steps)
+  metrics_lib.plot(workdir)
+
+
+def run_training(config, workdir: str | pathlib.Path, *, state: TrainState, update_fn: MeshFunction,
+                 batches: Iterator[dict[str, Any]], eval_fn: EvalFn | None = None,
+                 model_config: model.ModelConfig | None = None) -> TrainState:
+  """Trains `state` to `config.total_steps` with `update_fn` on `batches` (a checkpointable grain
+  iterator of this process's rows); `eval_fn(params, step) -> {'eval/...': value}` runs at step 0,
+  every `eval_every` steps and at the end. Checkpoints carry `model_config` when given, which makes
+  them loadable as `config.init_from`. Returns the final state."""
+  workdir = pathlib.Path(workdir)
+  total = config.total_steps
+  if is_finished(config, workdir):
+    finish_without_training(config, workdir)
+    return state
+  checkpoints = checkpoint.manager(workdir, keep=config.keep_checkpoints)
+  restored = checkpoint.restore_latest(checkpoints, state, batches)
+  if restored is not None:
+    state = restored
+    logging.info('resumed from %s at step %d', checkpoint.directory(workdir), int(state.step))
+  start = int(state.step)
+  writer = metrics_lib.Writer(workdir, resumed_step=start if restored is not None else None)
+  try:
+    state = _train(config, state, update_fn, batches, eval_fn, model_config, checkpoints, writer, start)
+  finally:
+    writer.close()
+    checkpoints.wait_until_finished()
+    checkpoints.close()
+    metrics_lib.plot(workdir)
+  return state
+
+
+def _train(config, state, update_fn, batches, eval_fn, model_config, checkpoints, writer, start):
+  total = config.total_steps
+  replicated = jax.sharding.NamedSharding(update_fn.mesh, jax.sharding.PartitionSpec())
+  step_rng = lambda s: jax.device_put(state_lib.step_rng(s), replicated)
+  crash_after = int(os.environ.get(CRASH_AFTER_STEP_ENV, -1))
+
+  batch = update_fn.put_batch(next(batches))
+  compiled = update_fn.lower(state, batch, step_rng(state)).compile()
+  _log_memory(compiled)
+  if start == 0:
+    writer.write(0, _evaluate(eval_fn, state.params, 0))
+
+  tokens_per_step = batch['tokens'].size if 'tokens' in batch else 0
+  progress = tqdm.tqdm(initial=start, total=total, unit='step', dynamic_ncols=True,
+                       disable=jax.process_index() != 0)
+  last_log_time, last_log_step = time.perf_counter(), start
+  for step in range(start + 1, total + 1):
+    if step > start + 1:
+      batch = update_fn.put_batch(next(batches))
+    state, step_metrics = compiled(state, batch, step_rng(state))
+    row = {}
+    if _due(step, config.log_every, total):
+      row = dict(jax.device_get(step_metrics))
+      now = time.perf_counter()
+      steps_per_sec = (step - last_log_step) / (now - last_log_time)
+      row |= {'perf/steps_per_sec': steps_per_sec, 'perf/update_tokens_per_sec': steps_per_sec * tokens_per_step}
+      last_log_time, last_log_step = now, step
+      progress.set_postfix(loss=f'{row.get("train/loss", float("nan")):.4f}', refresh=False)
+    if eval_fn is not None and _due(step, config.eval_every, total):
+      row |= _evaluate(eval_fn, state.params, step)
+    writer.write(step, row)
+    if _due(step, config.checkpoint_every, total):
+      checkpoint.save(checkpoints, state, batches, model_config)
+    progress.update(1)
+    if step == crash_after:
+      checkpoints.wait_until_finished()
+      os.kill(os.getpid(), signal.SIGKILL)
+  progress.close()
+  return state

@@ -1,0 +1,98 @@
+"""Run logs: `metrics.jsonl`, TensorBoard events and PNG curves in the workdir (DESIGN §8).
+
+Only process 0 writes. On resume from step s, lines of `metrics.jsonl` with a step beyond s are
+dropped (the resumed run logs those steps again, with the same values), and TensorBoard events
+from step s + 1 on are purged (tensorboardX `purge_step`), so every step appears once. A run that
+starts from scratch (no checkpoint) drops every earlier line.
+"""
+
+import json
+import math
+import pathlib
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+
+METRICS_FILE = 'metrics.jsonl'
+PLOTS_DIR = 'plots'
+
+
+def _is_writer() -> bool:
+  return jax.process_index() == 0
+
+
+def read(workdir: str | pathlib.Path) -> list[dict[str, Any]]:
+  """The rows of `workdir/metrics.jsonl` (empty if there is none)."""
+  path = pathlib.Path(workdir) / METRICS_FILE
+  if not path.exists():
+    return []
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _truncate_after(path: pathlib.Path, step: int) -> None:
+  if path.exists():
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)['step'] <= step]
+    path.write_text(''.join(line + '\n' for line in kept))
+
+
+def _scalar(value: Any) -> float | int:
+  value = np.asarray(value).item()
+  return value if isinstance(value, int) else float(value)
+
+
+class Writer:
+  """Appends one row per logged step to metrics.jsonl and TensorBoard; `plot()` draws PNGs."""
+
+  def __init__(self, workdir: str | pathlib.Path, *, resumed_step: int | None = None):
+    self.workdir = pathlib.Path(workdir)
+    self._tensorboard = None
+    if _is_writer():
+      import tensorboardX  # pylint: disable=g-import-not-at-top  # here: it imports torch when installed (~2 s)
+      last_kept = -1 if resumed_step is None else resumed_step
+      _truncate_after(self.workdir / METRICS_FILE, last_kept)
+      self._tensorboard = tensorboardX.SummaryWriter(str(self.workdir), purge_step=last_kept + 1, flush_secs=10)
+
+  def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+    if not _is_writer() or not metrics:
+      return
+    row = {'step': int(step), **{k: _scalar(v) for k, v in sorted(metrics.items())}}
+    with (self.workdir / METRICS_FILE).open('a') as f:
+      f.write(json.dumps(row, allow_nan=True) + '\n')
+    for name, value in row.items():
+      if name != 'step':
+        self._tensorboard.add_scalar(name, value, global_step=row['step'])
+
+  def close(self) -> None:
+    if self._tensorboard is not None:
+      self._tensorboard.close()
+
+
+def plot(workdir: str | pathlib.Path) -> list[pathlib.Path]:
+  """One PNG per metric of metrics.jsonl, `workdir/plots/<name with / as _>.png`."""
+  if not _is_writer():
+    return []
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  series: dict[str, list[tuple[int, float]]] = {}
+  for row in read(workdir):
+    for name, value in row.items():
+      if name != 'step' and isinstance(value, (int, float)) and math.isfinite(value):
+        series.setdefault(name, []).append((row['step'], value))
+  out_dir = pathlib.Path(workdir) / PLOTS_DIR
+  out_dir.mkdir(parents=True, exist_ok=True)
+  written = []
+  for name, points in sorted(series.items()):
+    steps, values = zip(*points)
+    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=100)
+    ax.plot(steps, values, marker='.' if len(points) < 50 else None)
+    ax.set(title=name, xlabel='step')
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out_dir / (name.replace('/', '_') + '.png')
+    fig.savefig(path)
+    plt.close(fig)
+    written.append(path)
+  return written

@@ -1,0 +1,32 @@
+"""AdamW with linear warmup and cosine decay, and global-norm clipping (DESIGN §5).
+
+Config keys: `learning_rate` (peak), `warmup_steps`, `total_steps` (the cosine reaches 0 there),
+`weight_decay`, `b1`, `b2`, `max_grad_norm`.
+"""
+
+from typing import Any
+
+import jax
+import optax
+
+
+def learning_rate_schedule(config) -> optax.Schedule:
+  """0 → `learning_rate` linearly over `warmup_steps`, then cosine to 0 at `total_steps`."""
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=config.learning_rate, warmup_steps=config.warmup_steps,
+      decay_steps=max(config.total_steps, config.warmup_steps + 1), end_value=0.0)
+
+
+def decay_mask(params: Any) -> Any:
+  """Weight decay on matrices and embeddings only, not on LayerNorm weights (scanned norms are 2-D)."""
+  def decays(path, _):
+    return not any('norm' in str(getattr(key, 'key', key)) for key in path)
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def make(config) -> optax.GradientTransformation:
+  """The optimizer every training stage uses; its step count advances only on applied updates."""
+  return optax.chain(
+      optax.clip_by_global_norm(config.max_grad_norm),
+      optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2,
+                  weight_decay=config.weight_decay, mask=decay_mask))

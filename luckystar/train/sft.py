@@ -1,0 +1,177 @@
+"""Hybrid SFT (DESIGN §5, paper §2.2): next-token cross-entropy on assistant tokens of a weighted
+mixture of conversations in both modes (default 80% reasoning, 20% concise).
+
+    python -m luckystar.main --config=configs/sft.py --workdir=runs/sft
+
+Config (`config.sft`): `seq_len` (packed row length), `mixture` (source → weight), `data`
+('conversations': `luckystar.data.conversations.sft_sources`, train split for training and the
+heldout split for `eval/*`; 'synthetic': a tiny learnable token task for smoke tests),
+`eval_examples_per_source` (a fixed sample of held-out conversations per source; 0 = no eval).
+"""
+
+import functools
+from typing import Any, Mapping, Sequence
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from luckystar import model
+from luckystar import tokenizer as tokenizer_lib
+from luckystar.data import conversations
+from luckystar.data import pipeline
+from luckystar.data.examples import SPLITS
+from luckystar.model import sharding
+from luckystar.train import loop
+from luckystar.train import optim
+from luckystar.train import state as state_lib
+from luckystar.train import step as step_lib
+
+
+def next_token_targets(batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+  """(targets, weights), both [B, T-1]: the prediction at position t is scored against token t+1,
+  only where token t+1 is trained on (loss_mask) and belongs to the same document as token t."""
+  tokens, segments = batch['tokens'], batch['segment_ids']
+  same_document = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)
+  weights = (batch['loss_mask'][:, 1:] > 0) & same_document
+  return tokens[:, 1:], weights.astype(jnp.float32)
+
+
+def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, *,
+            model_config: model.ModelConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Σ token cross-entropy over trained tokens / their count, over the whole batch.
+
+  batch: tokens, loss_mask, segment_ids, positions, each [B, T] int.
+  aux: loss, accuracy (greedy next-token), tokens (the denominator).
+  """
+  del rng  # deterministic
+  logits = model.apply(model_config, params, batch['tokens'], batch['positions'], batch['segment_ids'])
+  targets, weights = next_token_targets(batch)
+  logits = logits[:, :-1]  # [B, T-1, V]; the last position has no next token
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+  tokens = weights.sum()
+  safe_tokens = jnp.maximum(tokens, 1.0)
+  loss = (nll * weights).sum() / safe_tokens
+  accuracy = ((jnp.argmax(logits, -1) == targets) * weights).sum() / safe_tokens
+  return loss, {'loss': loss, 'accuracy': accuracy, 'tokens': tokens}
+
+
+# ---- data ------------------------------------------------------------------------------------
+
+
+def synthetic_sources(seed: int, split: str, *, vocab_size: int, per_source: int = 64
+                      ) -> dict[str, list[dict[str, np.ndarray]]]:
+  """A tiny learnable task in the shape of rendered conversations: a random "prompt" (loss 0)
+  followed by its reverse as the "answer" (loss 1); each split draws its own. For smoke tests."""
+  rng = np.random.default_rng([seed, SPLITS.index(split)])
+  sources = {}
+  for name, (low, high) in {'reasoning': (6, 20), 'concise': (3, 8)}.items():
+    items = []
+    for _ in range(per_source):
+      prompt = rng.integers(4, vocab_size, rng.integers(low, high))
+      items.append({'tokens': np.concatenate([prompt, prompt[::-1]]),
+                    'loss_mask': np.concatenate([np.zeros_like(prompt), np.ones_like(prompt)])})
+    sources[name] = items
+  return sources
+
+
+def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vocab_size: int
+            ) -> tuple[dict[str, list], dict[str, float]]:
+  """(sources, weights) of rendered conversations of `split`, named by `config.sft.data`;
+  `config.sft.mixture` (when set) overrides the weights."""
+  if config.sft.data == 'synthetic':
+    raw = synthetic_sources(config.seed, split, vocab_size=vocab_size)
+    weights = {name: 1.0 for name in raw}
+  elif config.sft.data == 'conversations':
+    raw, weights = conversations.sft_sources(tokenizer, seed=config.seed, split=split)
+  else:
+    raise ValueError(f'config.sft.data={config.sft.data!r}; expected "conversations" or "synthetic"')
+  if config.sft.mixture:
+    weights = dict(config.sft.mixture)
+    if set(weights) != set(raw):
+      raise ValueError(f'config.sft.mixture names {sorted(weights)} but the {config.sft.data!r} data has '
+                       f'sources {sorted(raw)}')
+  return raw, weights
+
+
+def encode(item: Any) -> dict[str, np.ndarray]:
+  """A rendered conversation, {'tokens', 'loss_mask'} or an (ids, loss_mask) pair → int32 features."""
+  ids, mask = (item['tokens'], item['loss_mask']) if isinstance(item, Mapping) else item
+  return {'tokens': np.asarray(ids, np.int32), 'loss_mask': np.asarray(mask, np.int32)}
+
+
+def eval_subset(heldout: Mapping[str, Sequence], per_source: int, seed: int) -> list:
+  """A fixed sample of `per_source` items from each held-out source (all of a smaller one)."""
+  rng = np.random.default_rng(seed)
+  return [items[i] for _, items in sorted(heldout.items())
+          for i in sorted(rng.permutation(len(items))[:per_source])]
+
+
+def local_batch_size(config, mesh: jax.sharding.Mesh) -> int:
+  """This process's rows of the global `config.batch_size`, checked against the mesh."""
+  batch_devices = mesh.shape['data'] * mesh.shape['fsdp']
+  if config.batch_size % batch_devices or config.batch_size % jax.process_count():
+    raise ValueError(f'config.batch_size={config.batch_size} does not split over the mesh\'s data×fsdp = '
+                     f'{batch_devices} devices and {jax.process_count()} processes')
+  return config.batch_size // jax.process_count()
+
+
+def heldout_batches(heldout: Sequence, *, seq_len: int, batch_size: int) -> list[dict[str, np.ndarray]]:
+  """This process's share of `heldout`, packed once into fixed batches; the last batch is padded
+  with empty rows (segment 0, never scored)."""
+  packed = pipeline.packed_batches(pipeline.shard(grain.MapDataset.source(list(heldout))), encode,
+                                   seq_len=seq_len, batch_size=1, num_packing_bins=batch_size)
+  rows = [{k: v[0] for k, v in batch.items()} for batch in packed]
+  rows += [{k: np.zeros_like(v) for k, v in rows[0].items()}] * (-len(rows) % batch_size)
+  return [{k: np.stack([row[k] for row in rows[i:i + batch_size]]) for k in rows[0]}
+          for i in range(0, len(rows), batch_size)]
+
+
+def make_eval_fn(loss: Any, heldout_batches: list[dict[str, np.ndarray]], mesh: jax.sharding.Mesh):
+  """eval_fn(params, step) → {'eval/loss', 'eval/accuracy'}: sum over every held-out token / count."""
+  evaluate = step_lib.MeshFunction(jax.jit(lambda params, batch: loss(params, batch, None)[1]), mesh,
+                                   step_lib.batch_sharding(mesh))
+  device_batches = [evaluate.put_batch(batch) for batch in heldout_batches]
+
+  def eval_fn(params, step):
+    del step
+    loss_sum, correct, tokens = 0.0, 0.0, 0.0
+    for batch in device_batches:
+      aux = jax.device_get(evaluate(params, batch))
+      loss_sum, correct = loss_sum + aux['loss'] * aux['tokens'], correct + aux['accuracy'] * aux['tokens']
+      tokens += aux['tokens']
+    return {'eval/loss': loss_sum / max(tokens, 1.0), 'eval/accuracy': correct / max(tokens, 1.0)}
+  return eval_fn
+
+
+def run(config, workdir: str) -> None:
+  if loop.is_finished(config, workdir):
+    loop.finish_without_training(config, workdir)
+    return
+  model_config, params = state_lib.initial_model(config.init_from)
+  tokenizer = tokenizer_lib.default() if config.sft.data == 'conversations' else None
+  if tokenizer is not None and tokenizer.vocab_size > model_config.vocab_size:
+    raise ValueError(f'config.init_from={config.init_from!r} has {model_config.vocab_size} token embeddings, '
+                     f'fewer than the tokenizer\'s {tokenizer.vocab_size}')
+  mesh = sharding.make_mesh(dict(config.mesh))
+  optimizer = optim.make(config)
+  state = state_lib.create(model_config, optimizer, mesh, seed=config.seed, params=params)
+  loss = functools.partial(loss_fn, model_config=model_config)
+  update_fn = step_lib.make_update_fn(
+      loss, optimizer, step_lib.state_shardings_of(state), mesh=mesh,
+      learning_rate=optim.learning_rate_schedule(config), grad_accum_steps=config.grad_accum_steps)
+
+  train, weights = sources(config, 'train', tokenizer=tokenizer, vocab_size=model_config.vocab_size)
+  batch_size = local_batch_size(config, mesh)
+  batches = iter(pipeline.packed_batches(pipeline.mixture(train, weights, seed=config.seed), encode,
+                                         seq_len=config.sft.seq_len, batch_size=batch_size))
+  eval_fn = None
+  if config.sft.eval_examples_per_source:
+    heldout, _ = sources(config, 'heldout', tokenizer=tokenizer, vocab_size=model_config.vocab_size)
+    eval_items = eval_subset(heldout, config.sft.eval_examples_per_source, config.seed)
+    eval_fn = make_eval_fn(loss, heldout_batches(eval_items, seq_len=config.sft.seq_len, batch_size=batch_size),
+                           mesh)
+  loop.run_training(config, workdir, state=state, update_fn=update_fn, batches=batches, eval_fn=eval_fn,
+                    model_config=model_config)

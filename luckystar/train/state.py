@@ -1,0 +1,78 @@
+"""The train state, created directly in its sharded layout (DESIGN §3).
+
+`create` traces the initialisation with `jax.eval_shape`, derives every leaf's sharding from the
+one logical-axis table (`luckystar.model.sharding`; optimizer moments follow their params, scalars
+are replicated) and runs it under `jax.jit(..., out_shardings=...)`, so nothing full-size ever sits
+on one device.
+
+`config.init_from` picks the initial params:
+  'random:<size>'                 random init of a named size (`luckystar.model.SIZES`), e.g. 'random:tiny'
+  'tiny-base', an HF directory    `luckystar.load(...)`
+  a luckystar run directory       the params of its latest checkpoint (via `luckystar.load`)
+"""
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+import luckystar
+from luckystar import model
+
+RANDOM_INIT_PREFIX = 'random:'
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array             # int32 []: batches consumed (skipped updates included)
+  params: Any
+  opt_state: Any
+  rng: jax.Array              # uint32 [2] raw key data; step t uses fold_in(rng, t)
+  skipped_updates: jax.Array  # int32 []: non-finite updates not applied, cumulative
+
+
+def initial_model(init_from: str) -> tuple[model.ModelConfig, Any | None]:
+  """(model config, params) named by `config.init_from`; params None means random init."""
+  if init_from.startswith(RANDOM_INIT_PREFIX):
+    try:
+      return model.get(init_from[len(RANDOM_INIT_PREFIX):]), None
+    except ValueError as e:
+      raise ValueError(f'config.init_from={init_from!r}: {e}') from None
+  loaded = luckystar.load(init_from)  # bundled name, run/checkpoint directory or transformers directory
+  return loaded.config, loaded.params
+
+
+def shardings(abstract_state: TrainState, optimizer: optax.GradientTransformation, param_shardings: Any,
+              mesh: jax.sharding.Mesh) -> TrainState:
+  """NamedShardings for every leaf: params by the logical table, optimizer moments like their params."""
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  opt_state = optax.tree_map_params(optimizer, lambda _, sharding: sharding, abstract_state.opt_state,
+                                    param_shardings, transform_non_params=lambda _: replicated)
+  return TrainState(step=replicated, params=param_shardings, opt_state=opt_state, rng=replicated,
+                    skipped_updates=replicated)
+
+
+def create(model_config: model.ModelConfig, optimizer: optax.GradientTransformation, mesh: jax.sharding.Mesh,
+           *, seed: int, params: Any | None = None) -> TrainState:
+  """A fresh state on `mesh`: random params from `seed`, or the given (host or device) `params`."""
+  param_shardings = model.param_shardings(model_config, mesh)
+
+  def init(rng, params):
+    init_rng, run_rng = jax.random.split(rng)
+    if params is None:
+      params = model.init(model_config, init_rng)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
+                      rng=jax.random.key_data(run_rng), skipped_updates=jnp.zeros((), jnp.int32))
+
+  rng = jax.random.key(seed)
+  state_shardings = shardings(jax.eval_shape(init, rng, params), optimizer, param_shardings, mesh)
+  if params is not None:
+    params = jax.device_put(params, param_shardings)
+  return jax.jit(init, out_shardings=state_shardings, donate_argnums=1)(rng, params)
+
+
+def step_rng(state: TrainState) -> jax.Array:
+  """The key of the step `state` is about to take; depends only on the seed and the step number."""
+  return jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)

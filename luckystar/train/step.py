@@ -1,0 +1,131 @@
+"""One jitted `update_fn(state, batch, rng) -> (state, metrics)` from a pure loss (DESIGN §5).
+
+A stage's `loss_fn(params, batch, rng) -> (loss, aux)` returns `loss = sum / denominator` over the
+batch it is given, and `aux[denominator]` (e.g. 'tokens'), the count it divided by.
+
+Gradient accumulation is a `lax.scan` over `grad_accum_steps` micro-batches inside the one jitted
+step (not `optax.MultiSteps`, which would average per-micro-batch means): each micro-batch's
+gradient is weighted by its denominator, so the update is exactly the gradient of
+sum / denominator over the whole global batch, and the optimizer sees one update per step.
+Micro-batch i takes rows i, i + k, i + 2k, ... so every device keeps working on every micro-batch.
+
+A non-finite loss or gradient norm skips the update: params and optimizer state stay bitwise
+unchanged, `step` still advances, and `train/skipped_updates` counts such steps (cumulative).
+"""
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from luckystar.model import sharding
+from luckystar.train.state import TrainState
+
+Batch = dict[str, jax.Array]
+LossFn = Callable[[Any, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshFunction:
+  """A jitted function traced under `sharding.activate(mesh)`, so the model's logical activation
+  constraints bind to `mesh` (`jax.set_mesh` cannot be entered inside `jit`)."""
+  jitted: Any
+  mesh: jax.sharding.Mesh
+  batch_sharding: jax.sharding.NamedSharding  # for [batch, ...] arrays
+
+  def __call__(self, *args):
+    with sharding.activate(self.mesh):
+      return self.jitted(*args)
+
+  def lower(self, *args):
+    with sharding.activate(self.mesh):
+      return self.jitted.lower(*args)
+
+  def put_batch(self, local_batch: dict[str, Any]) -> Batch:
+    """This process's rows → global arrays sharded over the batch axis (the global batch is
+    `process_count` times the local one)."""
+    return {k: jax.make_array_from_process_local_data(self.batch_sharding, v) for k, v in local_batch.items()}
+
+
+def batch_sharding(mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
+  """Rows over ('data', 'fsdp') by the logical table; the remaining axes replicated."""
+  return sharding.logical_shardings(jax.sharding.PartitionSpec('batch'), mesh)
+
+
+def accumulate_gradients(loss_fn: LossFn, params: Any, batch: Batch, rng: jax.Array, *, grad_accum_steps: int,
+                         denominator: str) -> tuple[Any, dict[str, jax.Array]]:
+  """(grads, aux) of sum / denominator over the whole `batch`, in `grad_accum_steps` micro-batches.
+
+  aux entries are denominator-weighted means over micro-batches, except `aux[denominator]`, a sum.
+  """
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  if grad_accum_steps == 1:
+    (_, aux), grads = grad_fn(params, batch, rng)
+    return grads, aux
+
+  def split(x):  # [B, ...] → [k, B / k, ...], micro-batch i = rows i::k
+    if x.shape[0] % grad_accum_steps:
+      raise ValueError(f'batch of {x.shape[0]} rows does not split into grad_accum_steps={grad_accum_steps}')
+    return jnp.swapaxes(x.reshape(x.shape[0] // grad_accum_steps, grad_accum_steps, *x.shape[1:]), 0, 1)
+
+  def weighted(tree, weight):
+    return jax.tree.map(lambda x: x * weight, tree)
+
+  def body(totals, inputs):
+    micro_batch, index = inputs
+    (_, aux), grads = grad_fn(params, micro_batch, jax.random.fold_in(rng, index))
+    count = aux[denominator]
+    return jax.tree.map(jnp.add, totals, (weighted(grads, count), weighted(aux, count), count)), None
+
+  micro_batches = jax.tree.map(split, batch)
+  (_, first_aux), _ = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro_batches), rng)
+  zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), (params, first_aux))  # fp32 sums
+  totals = (*zeros, jnp.zeros((), jnp.float32))
+  (grads, aux, count), _ = jax.lax.scan(body, totals, (micro_batches, jnp.arange(grad_accum_steps)))
+  safe_count = jnp.maximum(count, 1.0)
+  grads = jax.tree.map(lambda g, p: (g / safe_count).astype(p.dtype), grads, params)
+  aux = {k: (count if k == denominator else v / safe_count).astype(first_aux[k].dtype) for k, v in aux.items()}
+  return grads, aux
+
+
+def make_update_fn(loss_fn: LossFn, optimizer: optax.GradientTransformation, state_shardings: TrainState, *,
+                   mesh: jax.sharding.Mesh, learning_rate: optax.Schedule | None = None, grad_accum_steps: int = 1,
+                   denominator: str = 'tokens') -> MeshFunction:
+  """The jitted step: gradients (accumulated), optimizer update unless non-finite, metrics.
+
+  Metrics: `train/<aux key>` for every aux entry, `train/grad_norm` (before clipping),
+  `train/skipped_updates`, and `train/learning_rate` if the schedule is given.
+  The state argument is donated.
+  """
+  def update(state: TrainState, batch: Batch, rng: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+    grads, aux = accumulate_gradients(loss_fn, state.params, batch, rng, grad_accum_steps=grad_accum_steps,
+                                      denominator=denominator)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(aux['loss']) & jnp.isfinite(grad_norm)
+
+    def if_finite(new, old):
+      return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+
+    skipped = state.skipped_updates + jnp.logical_not(finite).astype(jnp.int32)
+    metrics = {f'train/{k}': v for k, v in aux.items()}
+    metrics |= {'train/grad_norm': grad_norm, 'train/skipped_updates': skipped}
+    if learning_rate is not None:  # the optimizer counts applied updates only
+      metrics['train/learning_rate'] = learning_rate(state.step - state.skipped_updates)
+    new_state = state.replace(step=state.step + 1, params=if_finite(params, state.params),
+                              opt_state=if_finite(opt_state, state.opt_state), skipped_updates=skipped)
+    return new_state, metrics
+
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  data = batch_sharding(mesh)
+  jitted = jax.jit(update, in_shardings=(state_shardings, data, replicated),
+                   out_shardings=(state_shardings, replicated), donate_argnums=0)
+  return MeshFunction(jitted, mesh, data)
+
+
+def state_shardings_of(state: TrainState) -> TrainState:
+  """The shardings a live state already has (what `make_update_fn` wants)."""
+  return jax.tree.map(lambda x: x.sharding, state)

@@ -25,21 +25,18 @@ def get_config(arg=None):
   config.init_from = 'tiny-base'      # or 'random:<size>' for a random init of a named size
   config.total_steps = 2000
   config.batch_size = 16               # global rows per step (all processes together)
-  config.grad_accum_steps = 1          # micro-batches per step; the loss stays sum / count over the batch
   config.learning_rate = 3e-4          # peak; linear warmup, then cosine to 0 at total_steps
   config.warmup_steps = 100
   config.weight_decay = 0.1            # not on LayerNorm weights
-  config.b1 = 0.9
-  config.b2 = 0.95
-  config.max_grad_norm = 1.0
   config.log_every = 10
   config.eval_every = 200
   config.checkpoint_every = 200
-  config.keep_checkpoints = 3
   config.sft.data = 'conversations'    # or 'synthetic' (a tiny learnable task, no tokenizer)
   config.sft.seq_len = 512
   config.sft.mixture = ml_collections.ConfigDict(dict(reasoning=0.8, concise=0.2))
-  config.sft.eval_examples_per_source = 64   # held-out conversations per source for eval/*; 0: no eval
+  config.sft.eval_examples_per_source = 64   # held-out conversations per source for eval/loss; 0: no eval
+  # Held-out task correctness (luckystar.evals.core.Settings): greedy, both modes, per task and language.
+  config.sft.task_eval = ml_collections.ConfigDict(dict(per_task_language=16, max_new_tokens=160, batch_size=32))
 
   if arg == 'smoke':
     config.init_from = 'random:tiny'
@@ -53,6 +50,7 @@ def get_config(arg=None):
     config.sft.data = 'synthetic'
     config.sft.seq_len = 64
     config.sft.eval_examples_per_source = 8
+    config.sft.task_eval.per_task_language = 0   # synthetic tokens: no chat template to evaluate
   elif arg:
     raise ValueError(f'unknown variant configs/sft.py:{arg}; expected configs/sft.py or configs/sft.py:smoke')
   return config

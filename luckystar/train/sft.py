@@ -23,6 +23,7 @@ from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations
 from luckystar.data import pipeline
 from luckystar.data.examples import SPLITS
+from luckystar.evals import core as evals_core
 from luckystar.model import sharding
 from luckystar.train import loop
 from luckystar.train import optim
@@ -146,6 +147,15 @@ def make_eval_fn(loss: Any, heldout_batches: list[dict[str, np.ndarray]], mesh: 
   return eval_fn
 
 
+def with_task_eval(eval_fn, model_config, tokenizer, settings: 'evals_core.Settings'):
+  """Adds held-out task correctness (greedy generation, both modes, per task and language) to `eval_fn`."""
+  def combined(params, step):
+    metrics = dict(eval_fn(params, step)) if eval_fn is not None else {}
+    metrics.update(evals_core.evaluate(model_config, jax.device_get(params), tokenizer, settings))
+    return metrics
+  return combined
+
+
 def run(config, workdir: str) -> None:
   if loop.is_finished(config, workdir):
     loop.finish_without_training(config, workdir)
@@ -173,5 +183,7 @@ def run(config, workdir: str) -> None:
     eval_items = eval_subset(heldout, config.sft.eval_examples_per_source, config.seed)
     eval_fn = make_eval_fn(loss, heldout_batches(eval_items, seq_len=config.sft.seq_len, batch_size=batch_size),
                            mesh)
+  if tokenizer is not None and config.sft.task_eval.per_task_language:
+    eval_fn = with_task_eval(eval_fn, model_config, tokenizer, evals_core.Settings.from_config(config.sft.task_eval))
   loop.run_training(config, workdir, state=state, update_fn=update_fn, batches=batches, eval_fn=eval_fn,
                     model_config=model_config)

@@ -129,14 +129,14 @@ def load(name_or_path: str | pathlib.Path, **config_overrides: Any) -> Model:
           f'(expected at {path}); bundled models ship with the training stages that produce them')
   if not path.exists():
     raise FileNotFoundError(f'{path}: no such bundled model or directory; bundled models: {BUNDLED_MODELS}')
-  from luckystar.train import checkpoint  # orbax is heavy; only checkpoint directories need it
+  from luckystar.train import checkpoint  # imported here: orbax is heavy and `import luckystar` stays light
   if checkpoint.is_run_dir(path):
     config, params = checkpoint.load_params(path)
-    config = config.replace(**config_overrides)
-    return Model(config, jax.tree.map(lambda x: jnp.asarray(x, config.param_dtype), params), tokenizer_lib.default())
-  if not hf.is_hf_dir(path):
+    config, tokenizer = config.replace(**config_overrides), tokenizer_lib.default()
+  elif hf.is_hf_dir(path):
+    (config, params), tokenizer = hf.load_hf(path, **config_overrides), _dir_tokenizer(path)
+  else:
     raise ValueError(f'{path}: not a model directory luckystar can read (expected a transformers '
                      f'Cohere2/Cohere directory with config.json and safetensors, or a luckystar run directory)')
-  config, params = hf.load_hf(path, **config_overrides)
   params = jax.tree.map(lambda x: jnp.asarray(np.asarray(x), config.param_dtype), params)
-  return Model(config, params, _dir_tokenizer(path))
+  return Model(config, params, tokenizer)

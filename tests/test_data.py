@@ -191,7 +191,7 @@ def test_nl2sql_curation_reports_each_reason(db_dir):
   examples.append(dataclasses.replace(base, id='null_sum', answer=f'SELECT SUM({n["price"]}) FROM {n["products"]} '
                                                                   'WHERE 0'))
   tok = tokenizer.default()
-  kept, report = nl2sql.curate(examples, paths, lambda text: len(tok.encode(text)))
+  kept, report = nl2sql.curate(examples, lambda text: len(tok.encode(text)))
   assert [e.id for e in kept] == ['kept']
   assert report == {'kept': 1, 'gold_failed': 1, 'empty_result': 2, 'too_long': 1}
   curated = suites.load('nl2sql', db_dir=db_dir)

@@ -134,7 +134,7 @@ def _ratio(p: _Problem):
 
 
 def _savings(p: _Problem):
-  start, weekly, weeks, spent = p.rng.randint(0, 50) * 1000, p.rng.randint(1, 20) * 1000, p.rng.randint(2, 12), 0
+  start, weekly, weeks = p.rng.randint(0, 50) * 1000, p.rng.randint(1, 20) * 1000, p.rng.randint(2, 12)
   saved = weekly * weeks
   spent = p.rng.randint(0, saved // 1000) * 1000
   answer = start + saved - spent

@@ -452,15 +452,15 @@ def suite(db_paths: dict[str, pathlib.Path] | None = None, per_template: int = 3
 CURATION_REASONS = ('kept', 'gold_failed', 'empty_result', 'too_long')
 
 
-def curate(examples: list[Example], db_paths: dict[str, pathlib.Path], count_tokens: Callable[[str], int], *,
-           max_tokens: int = 500, timeout_s: float = 5.0) -> tuple[list[Example], dict[str, int]]:
+def curate(examples: list[Example], count_tokens: Callable[[str], int], *, max_tokens: int = 500,
+           timeout_s: float = 5.0) -> tuple[list[Example], dict[str, int]]:
   """Keeps a (question, gold SQL, database) triple only if the gold executes in the sandbox, returns at
-  least one row with a non-NULL value, and its rendered result is 1–`max_tokens` tokens.
+  least one row with a non-NULL value, and its rendered result is 1–`max_tokens` tokens. Every example
+  names its database in `meta['db_path']` (generated and Spider/BIRD-loaded alike).
   Returns (kept, count per reason)."""
   kept, report = [], dict.fromkeys(CURATION_REASONS, 0)
   for example in examples:
-    path = db_paths[example.meta['db_id']] if example.meta.get('db_id') in db_paths else example.meta['db_path']
-    result = sql_tool.execute(path, example.answer, timeout_s=timeout_s, max_rows=max_tokens)
+    result = sql_tool.execute(example.meta['db_path'], example.answer, timeout_s=timeout_s, max_rows=max_tokens)
     if not result.ok:
       reason = 'gold_failed'
     elif all(value is None for row in result.rows for value in row):  # no rows, or only NULLs (SUM of nothing)

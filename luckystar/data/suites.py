@@ -15,7 +15,7 @@ def _all(task: str, seed: int, db_dir: str | None, curate: bool) -> tuple[Exampl
     examples = nl2sql.suite(paths, seed=seed)
     if curate:
       tokenizer = tokenizer_lib.default()
-      examples, _ = nl2sql.curate(examples, paths, lambda text: len(tokenizer.encode(text)))
+      examples, _ = nl2sql.curate(examples, lambda text: len(tokenizer.encode(text)))
     return tuple(examples)
   generators = {'math': math_problems.suite, 'function_calling': function_calling.suite,
                 'korean_mc': korean_mc.suite, 'chat': chat.suite}

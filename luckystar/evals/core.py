@@ -96,8 +96,8 @@ def summarize(results: Sequence[tuple[Example, Any, reward.Verdict]], mode: str)
     for key in (example.task, example.language, f'{example.task}/{example.language}'):
       groups[key].append(verdict.correct)
   metrics.update({f'{prefix}/correctness/{key}': _mean(values) for key, values in sorted(groups.items())})
-  korean = [v.language_mismatch for e, r, v in results
-            if reward.prompt_language(e.prompt) == 'ko' and r.final_turn.response and language.detect(r.final_turn.response)]
+  korean = [v.language_mismatch for e, r, v in results  # Korean prompts with a parsable response
+            if reward.prompt_language(e.prompt) == 'ko' and language.detect(r.final_turn.response or '')]
   metrics[f'{prefix}/language_mismatch'] = _mean(korean)
   metrics[f'{prefix}/response_length'] = _mean(int(np.sum(r.loss_mask)) for _, r, _ in results)
   metrics[f'{prefix}/thinking_rate'] = _mean(r.final_turn.thinking is not None for _, r, _ in results)

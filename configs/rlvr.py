@@ -1,20 +1,69 @@
 """RLVR with RLOO on the bundled tiny policy — the main job (DESIGN §5, paper §2.4).
 
     python -m luckystar.main --config=configs/rlvr.py --workdir=/tmp/luckystar-rlvr
+    python -m luckystar.main --config=configs/rlvr.py:smoke --workdir=/tmp/luckystar-rlvr-smoke
 
-Status: the RLOO stage is not built yet; the command stops with a clear
-"stage not built yet" message instead of pretending to train.
+Starts from `tiny-sft`; selects RL prompts whose pass rate at k = 8 lies in [1/8, 7/8] (cached in
+the workdir), then each step samples `samples_per_prompt` rollouts of `batch_size` prompts with the
+SQL tool loop, scores them (correctness − 0.5·language mismatch), and takes one RLOO update.
+Held-out correctness and Korean→English mismatch (`eval/*`, reasoning mode, greedy, `eval_prompts`
+prompts with the RL task/language mix) are logged at step 0, every `eval_every` and at the end.
+Re-running the same command on the same workdir resumes.
+Expected on 2 CPU cores: TODO(measured numbers).
+
+`:smoke` (tests): 3 steps on 2 prompts × 4 samples with short replies.
 """
+
+import ml_collections
 
 from luckystar import config as config_lib
 
 
 def get_config(arg=None):
-  del arg
   config = config_lib.base('rlvr')
   config.init_from = 'tiny-sft'
-  config.rlvr.samples_per_prompt = 8
-  config.rlvr.language_penalty = 0.5    # r = correctness − 0.5·[response language ≠ prompt language]
-  config.rlvr.drop_overlong = True      # overlong rollouts leave the baseline and the loss
-  config.rlvr.kl_beta = 0.0             # 0 ⇒ no reference params held in memory
+  config.total_steps = 40
+  config.batch_size = 8                  # prompts per step (all processes); rollouts = batch_size × samples_per_prompt
+  config.learning_rate = 5e-5
+  config.warmup_steps = 0
+  config.log_every = 1
+  config.eval_every = 20
+  config.checkpoint_every = 5
+  config.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=160))
+  config.rlvr = ml_collections.ConfigDict(dict(
+      tasks=('math', 'nl2sql', 'korean_mc', 'function_calling'),
+      samples_per_prompt=8,
+      language_penalty=0.5,        # r = correctness − 0.5·[response language ≠ prompt language]
+      drop_overlong=True,          # overlong rollouts leave the baseline and the loss
+      kl_beta=0.0,                 # 0 ⇒ no reference params held in memory
+      clip_epsilon=0.0,            # > 0: PPO-style ratio clipping (with updates_per_batch > 1)
+      updates_per_batch=1,
+      normalize='tokens',          # or 'sequences'
+      max_prompt_tokens=384,
+      max_tool_turns=2,
+      max_tool_result_tokens=96,
+      length_multiple=64,          # batches are padded to a multiple of this many tokens
+      selection_prompts=192,       # pool sample measured by prompt selection
+      selection_samples=8,
+      select_pass_rate=(0.125, 0.875),
+      selection_batch=128,         # rollouts per sampling call during selection
+      eval_prompts=200,
+      eval_modes=('reasoning',),
+      eval_batch_size=64,
+  ))
+
+  if arg == 'smoke':
+    config.total_steps = 3
+    config.batch_size = 2
+    config.eval_every = 3
+    config.checkpoint_every = 1
+    config.sampling.max_new_tokens = 64
+    config.rlvr.tasks = ('korean_mc',)
+    config.rlvr.samples_per_prompt = 4
+    config.rlvr.selection_prompts = 8
+    config.rlvr.selection_samples = 4
+    config.rlvr.select_pass_rate = (0.0, 1.0)
+    config.rlvr.eval_prompts = 8
+  elif arg:
+    raise ValueError(f'unknown variant configs/rlvr.py:{arg}; expected configs/rlvr.py or configs/rlvr.py:smoke')
   return config

@@ -79,6 +79,11 @@ class Model:
     generations = [self._generation(r) for r in rollouts]
     return generations[0] if single else generations
 
+  def save_hf(self, path: str | os.PathLike, *, dtype: str = 'float32') -> None:
+    """A transformers Cohere2 directory (config, safetensors in `dtype`, our tokenizer.model and a
+    generation config); `luckystar.load(path)` reads it back."""
+    hf.save_hf(path, self.config, self.params, dtype=dtype, tokenizer=self.tokenizer)
+
   def _generation(self, rollout: sampling.Rollout) -> Generation:
     turn = rollout.final_turn
     if turn.response is not None:

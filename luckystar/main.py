@@ -45,12 +45,16 @@ def stage_module(stage: str):
     raise ValueError(f'config.stage={stage!r} is not a stage; expected one of {sorted(STAGE_MODULES)}')
   name = STAGE_MODULES[stage]
   try:
-    return importlib.import_module(name)
+    module = importlib.import_module(name)
   except ModuleNotFoundError as e:
     if e.name is None or not name.startswith(e.name):
       raise  # a missing dependency inside the stage, not a missing stage
     raise StageNotBuiltError(f'stage {stage!r} is not built yet in this version of luckystar '
                              f'(its module {name} does not exist); nothing was run') from None
+  if not hasattr(module, 'run'):  # the method's math may land before the stage's driver
+    raise StageNotBuiltError(f'stage {stage!r} is not built yet in this version of luckystar '
+                             f'({name} has no run()); nothing was run')
+  return module
 
 
 def main(argv):

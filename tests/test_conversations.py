@@ -58,3 +58,20 @@ def test_sft_sources_follow_the_hybrid_mixture(tok):
   assert len(sources['reasoning']) == len(suites.load('function_calling', 'train'))
   assert all(set(e) == {'tokens', 'loss_mask'} and len(e['tokens']) == len(e['loss_mask'])
              for e in sources['concise'])
+
+
+def test_base_sources_are_concise_conversations_and_plain_text(tok):
+  sources, weights = conversations.base_sources(tok, text_lines=400)
+  assert set(sources) == set(weights) == {'chat', 'korean_mc', 'math', 'text'}
+  assert len(sources['korean_mc']) == len(suites.load('korean_mc', 'train'))
+  reasoning_preamble = tok.encode(tokenizer_lib.PREAMBLES['reasoning'])
+  thinking = tok.special_ids['<|START_THINKING|>']
+  for item in sources['chat'] + sources['math']:
+    ids = item['tokens'].tolist()
+    assert thinking not in ids and ids[3:3 + len(reasoning_preamble)] != reasoning_preamble
+  heldout, _ = conversations.base_sources(tok, text_lines=400, split='heldout')
+  train_text = {tuple(d['tokens']) for d in sources['text']}
+  assert heldout['text'] and not train_text & {tuple(d['tokens']) for d in heldout['text']}
+  document = sources['text'][0]
+  assert document['tokens'][0] == tok.bos_id and document['tokens'][-1] == tok.eos_id
+  assert document['loss_mask'].tolist() == [0] + [1] * (len(document['tokens']) - 1)

@@ -20,6 +20,7 @@ def test_evaluate_reports_every_metric_for_a_random_model():
     for name in ('correctness', 'language_mismatch', 'response_length', 'thinking_rate', 'format_ok',
                  'unscorable', 'correctness/math', 'correctness/nl2sql/ko', 'correctness/en'):
       assert f'eval/{mode}/{name}' in metrics, (mode, name)
+  assert metrics['eval/reasoning/hybrid_format'] == 0.0 and 'eval/reasoning/hybrid_format/ko' in metrics
   assert metrics['eval/correctness'] == metrics['eval/reasoning/correctness']
   assert 'eval/correctness/korean_mc' in metrics and 'eval/correctness/math/ko' not in metrics
   # A random model cannot follow the format: nothing is correct, lengths are the budget.
@@ -33,3 +34,19 @@ def test_the_eval_set_is_fixed_and_balanced():
   chosen = core.select(settings)
   assert chosen == core.select(settings)
   assert len(chosen) == 20 and {e.split for e in chosen} == {'heldout'}
+
+
+def test_hybrid_format_wants_english_thinking_and_the_prompts_language():
+  from luckystar.rewards import reward
+  from luckystar.tokenizer import AssistantTurn
+
+  def ok(thinking, response, mismatch=False):
+    verdict = reward.Verdict(correct=True, format_ok=True, language_mismatch=mismatch, reward=1.0, judged=False)
+    return core.hybrid_format_ok(AssistantTurn(thinking=thinking, response=response), verdict)
+
+  assert ok('Add 3 and 4 to get 7.', '정답은 7입니다.')
+  assert ok('Add 3 and 4 to get 7.', '7')                         # a bare number is readable in any language
+  assert not ok('3과 4를 더하면 7입니다.', '정답은 7입니다.')       # Korean thinking
+  assert not ok(None, '정답은 7입니다.')                            # no thinking section
+  assert not ok('Add 3 and 4 to get 7.', None)                     # no response
+  assert not ok('Add 3 and 4 to get 7.', 'The answer is 7.', mismatch=True)

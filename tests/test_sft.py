@@ -3,11 +3,6 @@ a run killed with SIGKILL and re-run ends bitwise equal to an uninterrupted one.
 
 import functools
 import importlib.util
-import os
-import pathlib
-import signal
-import subprocess
-import sys
 
 import flax.linen as nn
 import jax
@@ -16,17 +11,15 @@ import ml_collections
 import numpy as np
 import pytest
 
+import main_runs
 from luckystar import model
 from luckystar.model import sharding
-from luckystar.train import checkpoint
-from luckystar.train import loop
 from luckystar.train import metrics
 from luckystar.train import optim
 from luckystar.train import sft
 from luckystar.train import state as state_lib
 from luckystar.train import step as step_lib
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Small enough to compile in a few seconds; 4 heads / 2 KV heads so tensor=2 shards it.
 MICRO = model.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                           num_kv_heads=2, layer_types=model.pattern_layer_types(2, 2), sliding_window=4)
@@ -133,53 +126,20 @@ def test_sharded_training_matches_one_device():
 # ---- the command line, end to end -----------------------------------------------------------------
 
 
-def _start(workdir, *, cache_dir, crash_after=None) -> subprocess.Popen:
-  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}   # one CPU device, not conftest's 8
-  env['JAX_COMPILATION_CACHE_DIR'] = str(cache_dir)                  # a re-run reuses the compiled step
-  env['PYTHONHASHSEED'] = '0'   # the model iterates a set of layer types: same HLO, same cache key
-  if crash_after is not None:
-    env[loop.CRASH_AFTER_STEP_ENV] = str(crash_after)
-  return subprocess.Popen([sys.executable, '-m', 'luckystar.main', '--config=configs/sft.py:smoke',
-                           f'--workdir={workdir}'], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
-
-
-def _finish(process: subprocess.Popen) -> tuple[int, str]:
-  _, stderr = process.communicate(timeout=300)
-  return process.returncode, stderr
-
-
-def _params(workdir):
-  return checkpoint.load_params(workdir)[1]
-
-
-def _steps(workdir):
-  return [row['step'] for row in metrics.read(workdir)]
-
-
 @pytest.fixture(scope='module')
 def runs(tmp_path_factory):
   """An uninterrupted smoke run, and one killed after step 3 (checkpoint at 2) then re-run."""
-  root = tmp_path_factory.mktemp('sft')
-  cache, whole, resumed = root / 'jax_cache', root / 'whole', root / 'resumed'
-  code, log = _finish(_start(whole, cache_dir=cache))
-  assert code == 0, log[-3000:]
-  code, log = _finish(_start(resumed, cache_dir=cache, crash_after=3))
-  assert code == -signal.SIGKILL, log[-3000:]
-  after_crash = {'checkpoints': sorted(p.name for p in (resumed / 'checkpoints').iterdir()), 'steps': _steps(resumed)}
-  code, resume_log = _finish(_start(resumed, cache_dir=cache))
-  assert code == 0, resume_log[-3000:]
-  return {'whole': whole, 'resumed': resumed, 'after_crash': after_crash, 'resume_log': resume_log}
+  return main_runs.whole_and_resumed('configs/sft.py:smoke', tmp_path_factory.mktemp('sft'), crash_after=3)
 
 
 def test_killed_and_resumed_run_is_bitwise_equal_to_uninterrupted(runs):
   assert runs['after_crash'] == {'checkpoints': ['2'], 'steps': [0, 1, 2, 3]}
   assert 'resumed from' in runs['resume_log'] and 'at step 2' in runs['resume_log']
-  whole, resumed = _params(runs['whole']), _params(runs['resumed'])
+  whole, resumed = main_runs.params(runs['whole']), main_runs.params(runs['resumed'])
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(whole), jax.tree.leaves(resumed)):
     assert np.array_equal(np.asarray(a), np.asarray(b)), jax.tree_util.keystr(path)
   # Steps after the restored checkpoint were logged again, not twice; the logged values agree.
-  assert _steps(runs['resumed']) == _steps(runs['whole']) == list(range(5))
+  assert main_runs.steps(runs['resumed']) == main_runs.steps(runs['whole']) == list(range(5))
   for a, b in zip(metrics.read(runs['whole']), metrics.read(runs['resumed'])):
     assert {k: v for k, v in a.items() if not k.startswith('perf/')} == \
         {k: v for k, v in b.items() if not k.startswith('perf/')}
@@ -200,7 +160,7 @@ def test_run_writes_metrics_tensorboard_and_plots(runs):
 
 
 def _smoke_config():
-  spec = importlib.util.spec_from_file_location('sft_config', ROOT / 'configs' / 'sft.py')
+  spec = importlib.util.spec_from_file_location('sft_config', main_runs.ROOT / 'configs' / 'sft.py')
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config('smoke')
@@ -209,11 +169,11 @@ def _smoke_config():
 def test_finished_run_rerun_changes_nothing(runs):
   """Re-running a finished run (in-process here: it must not need a device) only redraws the plots."""
   whole = runs['whole']
-  before_params, before_metrics = _params(whole), (whole / 'metrics.jsonl').read_text()
+  before_params, before_metrics = main_runs.params(whole), (whole / 'metrics.jsonl').read_text()
   for png in (whole / 'plots').glob('*.png'):
     png.unlink()
   sft.run(_smoke_config(), str(whole))
   assert (whole / 'metrics.jsonl').read_text() == before_metrics
-  assert jax.tree.all(jax.tree.map(np.array_equal, before_params, _params(whole)))
+  assert jax.tree.all(jax.tree.map(np.array_equal, before_params, main_runs.params(whole)))
   assert (whole / 'plots' / 'train_loss.png').exists()
   assert sorted(p.name for p in (whole / 'checkpoints').iterdir()) == ['2', '4']

@@ -2,6 +2,10 @@
 
 The concise mode's data: questions a post-trained assistant answers in a few
 words. A response is correct when it contains the reference answer.
+
+Each fact is asked in several phrasings, and splits go by the prompt text, so a
+held-out question asks a fact the train split teaches in other words — what an
+evaluation of a post-trained model's knowledge looks like.
 """
 
 import random
@@ -24,34 +28,43 @@ OPPOSITES = (('hot', 'cold', '뜨겁다', '차갑다'), ('big', 'small', '크다
 
 def _capital(rng):
   en, capital, ko, capital_ko = rng.choice(CAPITALS)
-  return (f'What is the capital of {en}?', capital, f'The capital of {en} is {capital}.',
-          f'{ko}의 수도는 어디인가요?', capital_ko, f'{ko}의 수도는 {capital_ko}입니다.')
+  return (rng.choice((f'What is the capital of {en}?', f'Which city is the capital of {en}?',
+                      f'Name the capital city of {en}.', f'{en} has which city as its capital?')),
+          capital, f'The capital of {en} is {capital}.',
+          rng.choice((f'{ko}의 수도는 어디인가요?', f'{ko}의 수도는 어느 도시인가요?', f'{ko}의 수도를 알려 주세요.',
+                      f'{ko}의 수도 이름은 무엇인가요?')),
+          capital_ko, f'{ko}의 수도는 {capital_ko}입니다.')
 
 
 def _next_day(rng):
   i = rng.randrange(7)
   (en, ko), (next_en, next_ko) = DAYS[i], DAYS[(i + 1) % 7]
-  return (f'What day comes after {en}?', next_en, f'{next_en}.', f'{ko} 다음 날은 무슨 요일인가요?', next_ko,
-          f'{next_ko}입니다.')
+  return (rng.choice((f'What day comes after {en}?', f'Which day follows {en}?', f'If today is {en}, what day is '
+                      f'tomorrow?')), next_en, f'{next_en}.',
+          rng.choice((f'{ko} 다음 날은 무슨 요일인가요?', f'오늘이 {ko}이면 내일은 무슨 요일인가요?',
+                      f'{ko} 다음에 오는 요일은?')), next_ko, f'{next_ko}입니다.')
 
 
 def _opposite(rng):
   en, opposite, ko, opposite_ko = rng.choice(OPPOSITES)
-  return (f'What is the opposite of "{en}"?', opposite, f'"{opposite}".', f'"{ko}"의 반대말은 무엇인가요?',
+  return (rng.choice((f'What is the opposite of "{en}"?', f'Give the antonym of "{en}".',
+                      f'Which word means the opposite of "{en}"?')), opposite, f'"{opposite}".',
+          rng.choice((f'"{ko}"의 반대말은 무엇인가요?', f'"{ko}"와 뜻이 반대인 말은?', f'"{ko}"의 반의어를 알려 주세요.')),
           opposite_ko, f'"{opposite_ko}"입니다.')
 
 
 def _minutes(rng):
   hours = rng.randint(2, 48)
   minutes = str(hours * 60)
-  return (f'How many minutes are in {hours} hours?', minutes, f'{minutes} minutes.', f'{hours}시간은 몇 분인가요?',
+  return (rng.choice((f'How many minutes are in {hours} hours?', f'Convert {hours} hours to minutes.')), minutes,
+          f'{minutes} minutes.', rng.choice((f'{hours}시간은 몇 분인가요?', f'{hours}시간을 분으로 바꾸면?')),
           minutes, f'{minutes}분입니다.')
 
 
 def _sum(rng):
   a, b = rng.randint(2, 99), rng.randint(2, 99)
-  return (f'What is {a} + {b}?', str(a + b), f'{a + b}.', f'{a} 더하기 {b}는 얼마인가요?', str(a + b),
-          f'{a + b}입니다.')
+  return (rng.choice((f'What is {a} + {b}?', f'Add {a} and {b}.')), str(a + b), f'{a + b}.',
+          rng.choice((f'{a} 더하기 {b}는 얼마인가요?', f'{a}와 {b}를 더하면?')), str(a + b), f'{a + b}입니다.')
 
 
 _DRAWS = (_capital, _next_day, _opposite, _minutes, _sum)

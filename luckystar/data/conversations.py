@@ -7,20 +7,26 @@ action; NL2SQL with an action, the sandbox's tool result, then a response.
 """
 
 import json
+import pathlib
 from typing import Sequence
 
 import numpy as np
 
 from luckystar import tools
-from luckystar.data.examples import Example
+from luckystar.config import UserError
+from luckystar.data.examples import Example, split_of
 from luckystar.rewards import function_call
 from luckystar.tokenizer import Tokenizer
 from luckystar.tools import sql as sql_tool
 
 # SFT mixture defaults: 80% reasoning-mode conversations, 20% concise (paper §2.1).
 DEFAULT_WEIGHTS = {'reasoning': 0.8, 'concise': 0.2}
-REASONING_TASKS = ('math', 'function_calling', 'korean_mc')
+REASONING_TASKS = ('math', 'function_calling', 'korean_mc', 'chat')
 CONCISE_TASKS = ('chat', 'korean_mc', 'math')
+# `tiny-base` (the stand-in for an already post-trained chat model, DESIGN §7): concise-mode
+# conversations per task, and plain bilingual text with loss on every token.
+BASE_WEIGHTS = {'chat': 0.35, 'korean_mc': 0.45, 'math': 0.1, 'text': 0.1}
+BASE_TEXT_LINES = 20_000
 
 
 def _action(example: Example) -> str:
@@ -88,3 +94,75 @@ def sft_sources(tokenizer: Tokenizer, *, seed: int = 0, split: str = 'train',
       for example in suites.load(task, split, seed=seed):
         sources[mode].append(render_example(tokenizer, example, mode))
   return sources, dict(DEFAULT_WEIGHTS)
+
+
+def text_document(tokenizer: Tokenizer, text: str) -> dict[str, np.ndarray]:
+  """Plain text as a language-modelling document: BOS, the text, EOS; loss on every token after BOS."""
+  ids = [tokenizer.bos_id, *tokenizer.encode(text), tokenizer.eos_id]
+  return {'tokens': np.asarray(ids, np.int32), 'loss_mask': np.asarray([0] + [1] * (len(ids) - 1), np.int32)}
+
+
+def base_sources(tokenizer: Tokenizer, *, seed: int = 0, split: str = 'train', text_lines: int = BASE_TEXT_LINES
+                 ) -> tuple[dict[str, list], dict[str, float]]:
+  """`tiny-base`'s mixture: ({'chat', 'korean_mc', 'math': concise-mode conversations, 'text': plain
+  documents}, BASE_WEIGHTS). No reasoning mode, no tools: the agent tasks stay unlearned (the paper's
+  cold start). Text lines are `corpus.template_text` (Faker's Korean/English data in templates),
+  split by the same hash rule as the suites."""
+  from luckystar.data import corpus, suites  # suites build databases; corpus needs Faker
+  sources = {task: [render_example(tokenizer, e, 'concise') for e in suites.load(task, split, seed=seed)]
+             for task in ('chat', 'korean_mc', 'math')}
+  sources['text'] = [text_document(tokenizer, line) for line in corpus.template_text(seed, text_lines)
+                     if split_of(line, seed) == split]
+  return sources, dict(BASE_WEIGHTS)
+
+
+# ---- the rejection-sampling teacher and its traces (DESIGN §5) ---------------------------------
+
+# The teacher learns every task in reasoning mode, NL2SQL included: its gold traces run over the
+# teacher split's own databases, which the student never sees.
+TEACHER_REASONING_TASKS = ('nl2sql', *REASONING_TASKS)
+
+
+def teacher_sources(tokenizer: Tokenizer, *, seed: int = 0) -> tuple[dict[str, list], dict[str, float]]:
+  """The teacher's SFT mixture, from the 'teacher' split only (its questions and NL2SQL databases are
+  disjoint from the student's train and held-out splits): ({'reasoning': [...], 'concise': [...]},
+  DEFAULT_WEIGHTS), each element `render_example`'s dict. NL2SQL golds run through the sandbox."""
+  return sft_sources(tokenizer, seed=seed, split='teacher', reasoning_tasks=TEACHER_REASONING_TASKS,
+                     concise_tasks=CONCISE_TASKS)
+
+
+RS_TRACE_FIELDS = ('example_id', 'task', 'language', 'sample_index', 'teacher', 'mode', 'tokens', 'loss_mask')
+
+
+def read_rs_traces(path: str, *, vocab_size: int | None = None) -> list[dict[str, np.ndarray]]:
+  """A rejection-sampling trace file (`luckystar.train.rejection_sampling` writes `rs_traces.jsonl`:
+  one JSON object per line with RS_TRACE_FIELDS) → [{'tokens', 'loss_mask'}] int32 arrays, ready as
+  `sft_sources(..., extra_reasoning=...)`. A malformed line raises UserError naming file:line; token
+  ids at or above `vocab_size` (another tokenizer's file) are malformed too."""
+  try:
+    lines = pathlib.Path(path).read_text(encoding='utf-8').splitlines()
+  except FileNotFoundError:
+    raise FileNotFoundError(f'{path}: no such rejection-sampling trace file (config.sft.rs_traces); '
+                            'run the rejection_sampling stage first, or set it to "" for none') from None
+  except (OSError, UnicodeDecodeError) as e:
+    raise UserError(f'{path}: cannot read it as a rejection-sampling trace file ({e})') from None
+  traces = []
+  for number, line in enumerate(lines, start=1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+      if not isinstance(record, dict) or record.get('mode') != 'reasoning':
+        raise ValueError('expected a JSON object with "mode": "reasoning"')
+      tokens, mask = record['tokens'], record['loss_mask']
+      if (not isinstance(tokens, list) or not isinstance(mask, list) or not tokens or len(tokens) != len(mask)
+          or not all(type(t) is int and 0 <= t < (vocab_size or 2**31) for t in tokens)
+          or not all(m in (0, 1) for m in mask) or not any(mask)):
+        raise ValueError('"tokens" must be token ids' + (f' below {vocab_size}' if vocab_size else '') +
+                         ' and "loss_mask" as many 0/1 values with at least one 1')
+    except (ValueError, KeyError) as e:  # json.JSONDecodeError is a ValueError
+      reason = f'missing field {e}' if isinstance(e, KeyError) else str(e)
+      raise UserError(f'{path}:{number}: not a rejection-sampling trace ({reason}); expected a line '
+                      'written by the rejection_sampling stage') from None
+    traces.append({'tokens': np.asarray(tokens, np.int32), 'loss_mask': np.asarray(mask, np.int32)})
+  return traces

@@ -48,6 +48,16 @@ def split_of(text: str, seed: int, fractions: tuple[float, float, float] = (0.8,
   return SPLITS[-1]
 
 
+RS_ONLY_FRACTION = 0.25
+
+
+def rs_only(example: Example, seed: int, fraction: float = RS_ONLY_FRACTION) -> bool:
+  """Whether a train prompt is reserved for rejection sampling and held out of RLVR (DESIGN §5: the
+  paper keeps starting entropy this way). A stable hash of the prompt, independent of `split_of`'s."""
+  digest = hashlib.sha256(f'rs:{seed}:{example.task}:{example.prompt}'.encode()).digest()
+  return int.from_bytes(digest[:8], 'big') / 2**64 < fraction
+
+
 def dedupe(examples) -> list[Example]:
   """First occurrence of each (task, prompt, system) wins; generators may draw repeats."""
   seen, out = set(), []

@@ -51,7 +51,7 @@ def generate(seed: int = 0, count: int = 1500) -> Iterator[Example]:
         # Split by the sentence, not the prompt: the same sentence with other option orders stays in one split.
         id=f'kmc-{kind}-{rng.getrandbits(32):08x}', task='korean_mc', language='ko',
         split=split_of(f'{function}:{sentence}', seed),
-        prompt=prompt, answer=letter, response=f'정답: {letter}',
+        prompt=prompt, answer=letter, response=f'{filled} 정답: {letter}',  # the filled sentence, then the letter
         thinking=(f'The noun "{noun}" ends in "{noun[-1]}", which '
                   f'{"has" if korean.final_consonant(noun) else "has no"} final consonant, so the {kind} particle '
                   f'is "{correct}": "{filled}". That is option {letter}.'),

@@ -5,12 +5,15 @@ Greedy decoding, the tool loop on (NL2SQL runs its SQL in the sandbox), scored b
 
     eval/<m>/correctness, eval/<m>/correctness/<task>, eval/<m>/correctness/<language>,
     eval/<m>/correctness/<task>/<language>, eval/<m>/language_mismatch, eval/<m>/response_length,
-    eval/<m>/thinking_rate, eval/<m>/format_ok, eval/<m>/unscorable
+    eval/<m>/thinking_rate, eval/<m>/format_ok, eval/<m>/unscorable,
+    eval/reasoning/hybrid_format, eval/reasoning/hybrid_format/<language>
 
 and the reasoning-mode headline figures again as eval/correctness, eval/language_mismatch,
 eval/response_length (plus eval/correctness/<task>, eval/correctness/<language>).
 `language_mismatch` is the paper's Table 2 figure: among Korean prompts with a parsable
-response, the fraction whose response is not Korean.
+response, the fraction whose response is not Korean. `hybrid_format` is the reasoning mode's
+contract (paper §2.2): among prompts answered in one text turn (HYBRID_TASKS), the fraction with an
+English thinking section and then a non-empty response in the prompt's language.
 """
 
 import collections
@@ -29,6 +32,7 @@ from luckystar.tokenizer import Tokenizer
 
 MODES = ('reasoning', 'concise')
 TASKS = ('math', 'nl2sql', 'function_calling', 'korean_mc', 'chat')
+HYBRID_TASKS = ('math', 'korean_mc', 'chat')  # answered by one turn: thinking, then response
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,13 +107,27 @@ def summarize(results: Sequence[tuple[Example, Any, reward.Verdict]], mode: str)
   metrics[f'{prefix}/thinking_rate'] = _mean(r.final_turn.thinking is not None for _, r, _ in results)
   metrics[f'{prefix}/format_ok'] = _mean(v.format_ok for _, _, v in results)
   metrics[f'{prefix}/unscorable'] = float(len(results) - len(scored))
+  if mode == 'reasoning':
+    hybrid = collections.defaultdict(list)
+    for example, rollout, verdict in results:
+      if example.task in HYBRID_TASKS:
+        hybrid[example.language].append(hybrid_format_ok(rollout.final_turn, verdict))
+    metrics[f'{prefix}/hybrid_format'] = _mean(ok for values in hybrid.values() for ok in values)
+    metrics.update({f'{prefix}/hybrid_format/{lang}': _mean(values) for lang, values in sorted(hybrid.items())})
   return metrics
 
 
-def evaluate(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, settings: Settings = Settings()
-             ) -> dict[str, float]:
-  """Every `eval/*` metric of the module docstring for one set of params."""
-  examples = select(settings)
+def hybrid_format_ok(turn: Any, verdict: reward.Verdict) -> bool:
+  """English thinking, then a non-empty response in the prompt's language (a bare number counts)."""
+  return (language.detect(turn.thinking) == 'en' and bool((turn.response or '').strip())
+          and not verdict.language_mismatch)
+
+
+def evaluate(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, settings: Settings = Settings(),
+             examples: Sequence[Example] | None = None) -> dict[str, float]:
+  """Every `eval/*` metric of the module docstring for one set of params, on `examples` (default:
+  `select(settings)`)."""
+  examples = select(settings) if examples is None else examples
   metrics = {}
   for mode in settings.modes:
     metrics.update(summarize(run_examples(model_config, params, tokenizer, examples, mode, settings), mode))

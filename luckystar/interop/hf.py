@@ -6,14 +6,19 @@ are [in, ...out] with heads split out.
 """
 
 import json
+import os
 import pathlib
+import shutil
+import tempfile
 from typing import Any
 
 import jax
 import numpy as np
 from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from luckystar.model.config import FULL, SLIDING, ModelConfig, pattern_layer_types
+from luckystar.tokenizer import Tokenizer
 
 MODEL_TYPES = ('cohere2', 'cohere')
 
@@ -193,3 +198,36 @@ def load_hf(path: str | pathlib.Path, **config_overrides: Any) -> tuple[ModelCon
     raise FileNotFoundError(f'{path}: no config.json; not a transformers model directory')
   config = config_from_hf(json.loads(config_file.read_text()), str(config_file), **config_overrides)
   return config, params_from_hf(read_safetensors(path), config, str(path))
+
+
+def save_hf(path: str | pathlib.Path, config: ModelConfig, params: Any, *, dtype: str = 'bfloat16',
+            tokenizer: Tokenizer | None = None, extra_files: dict[str, str] | None = None) -> None:
+  """Writes a transformers directory: config.json and model.safetensors in `dtype` ('float32' or
+  'bfloat16'); with `tokenizer`, also its tokenizer.model and a generation_config.json that stops at
+  EOS or end of turn; and any `extra_files` (name → text). Written to a temporary sibling and renamed,
+  so `path` is complete or absent."""
+  if dtype not in ('float32', 'bfloat16'):
+    raise ValueError(f'dtype must be "float32" or "bfloat16", got {dtype!r}')
+  path = pathlib.Path(path)
+  if path.exists():
+    raise FileExistsError(f'{path}: exists; remove it or choose another directory')
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = pathlib.Path(tempfile.mkdtemp(prefix=f'.{path.name}.', dir=path.parent))
+  tmp.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary, shareable directory
+  try:
+    tensors = {name: np.asarray(value).astype(jax.numpy.dtype(dtype))
+               for name, value in params_to_hf(params, config).items()}
+    save_file(tensors, str(tmp / 'model.safetensors'), metadata={'format': 'pt'})
+    (tmp / 'model.safetensors').chmod(0o644)
+    (tmp / 'config.json').write_text(json.dumps(config_to_hf(config, dtype), indent=2) + '\n')
+    if tokenizer is not None:
+      (tmp / 'tokenizer.model').write_bytes(tokenizer.model_proto)
+      generation = {'bos_token_id': tokenizer.bos_id, 'eos_token_id': [tokenizer.eos_id, tokenizer.end_of_turn_id],
+                    'pad_token_id': tokenizer.pad_id}
+      (tmp / 'generation_config.json').write_text(json.dumps(generation, indent=2) + '\n')
+    for name, text in (extra_files or {}).items():
+      (tmp / name).write_text(text)
+    os.replace(tmp, path)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise

@@ -30,6 +30,7 @@ from luckystar.train.state import TrainState
 from luckystar.train.step import MeshFunction
 
 EvalFn = Callable[[Any, int], dict[str, Any]]
+PrepareFn = Callable[[TrainState, Any, jax.Array], tuple[dict[str, Any], dict[str, Any]]]
 CRASH_AFTER_STEP_ENV = 'LUCKYSTAR_CRASH_AFTER_STEP'
 
 
@@ -82,12 +83,17 @@ def finish_without_training(config, workdir: str | pathlib.Path) -> None:
 
 
 def run_training(config, workdir: str | pathlib.Path, *, state: TrainState, update_fn: MeshFunction,
-                 batches: Iterator[dict[str, Any]], eval_fn: EvalFn | None = None,
-                 model_config: model.ModelConfig | None = None) -> TrainState:
+                 batches: Iterator[Any], eval_fn: EvalFn | None = None,
+                 model_config: model.ModelConfig | None = None, prepare: PrepareFn | None = None) -> TrainState:
   """Trains `state` to `config.total_steps` with `update_fn` on `batches` (a checkpointable grain
   iterator of this process's rows); `eval_fn(params, step) -> {'eval/...': value}` runs at step 0,
   every `eval_every` steps and at the end. Checkpoints carry `model_config` when given, which makes
-  them loadable as `config.init_from`. Returns the final state."""
+  them loadable as `config.init_from`. Returns the final state.
+
+  `prepare(state, item, rng) -> (batch, metrics)` turns each item of `batches` into the update's
+  batch with the current policy (RL: the items are prompts, the batch their scored rollouts); `rng`
+  depends only on the seed and the step, so a resumed run draws the same rollouts. Its metrics are
+  logged with the step's."""
   workdir = pathlib.Path(workdir)
   total = config.total_steps
   if is_finished(config, workdir):
@@ -101,7 +107,7 @@ def run_training(config, workdir: str | pathlib.Path, *, state: TrainState, upda
   start = int(state.step)
   writer = metrics_lib.Writer(workdir, resumed_step=start if restored is not None else None)
   try:
-    state = _train(config, state, update_fn, batches, eval_fn, model_config, checkpoints, writer, start)
+    state = _train(config, state, update_fn, batches, eval_fn, model_config, checkpoints, writer, start, prepare)
   finally:
     writer.close()
     checkpoints.wait_until_finished()
@@ -110,29 +116,45 @@ def run_training(config, workdir: str | pathlib.Path, *, state: TrainState, upda
   return state
 
 
-def _train(config, state, update_fn, batches, eval_fn, model_config, checkpoints, writer, start):
+def _train(config, state, update_fn, batches, eval_fn, model_config, checkpoints, writer, start, prepare):
   total = config.total_steps
   replicated = jax.sharding.NamedSharding(update_fn.mesh, jax.sharding.PartitionSpec())
   step_rng = lambda s: jax.device_put(state_lib.step_rng(s), replicated)
   crash_after = int(os.environ.get(CRASH_AFTER_STEP_ENV, -1))
 
-  batch = update_fn.put_batch(next(batches))
-  compiled = update_fn.lower(state, batch, step_rng(state)).compile()
-  _log_memory(compiled)
+  def next_batch(state):
+    item = next(batches)
+    if prepare is None:
+      return update_fn.put_batch(item), {}
+    batch, metrics = prepare(state, item, jax.random.fold_in(state_lib.step_rng(state), 1))
+    return update_fn.put_batch(batch), metrics
+
+  executables = {}  # one compiled step per batch shape (RL batches come in a few length buckets)
+
+  def compiled_for(batch):
+    shapes = tuple(sorted((k, v.shape) for k, v in batch.items()))
+    if shapes not in executables:
+      executables[shapes] = update_fn.lower(state, batch, step_rng(state)).compile()
+      if len(executables) == 1:
+        _log_memory(executables[shapes])
+    return executables[shapes]
+
   if start == 0:
     writer.write(0, _evaluate(eval_fn, state.params, 0))
+  batch, prepared = next_batch(state)
+  compiled_for(batch)
 
-  tokens_per_step = batch['tokens'].size if 'tokens' in batch else 0
   progress = tqdm.tqdm(initial=start, total=total, unit='step', dynamic_ncols=True,
                        disable=jax.process_index() != 0)
   last_log_time, last_log_step = time.perf_counter(), start
   for step in range(start + 1, total + 1):
     if step > start + 1:
-      batch = update_fn.put_batch(next(batches))
-    state, step_metrics = compiled(state, batch, step_rng(state))
+      batch, prepared = next_batch(state)
+    tokens_per_step = batch['tokens'].size if 'tokens' in batch else 0
+    state, step_metrics = compiled_for(batch)(state, batch, step_rng(state))
     row = {}
     if _due(step, config.log_every, total):
-      row = dict(jax.device_get(step_metrics))
+      row = dict(jax.device_get(step_metrics)) | prepared
       now = time.perf_counter()
       steps_per_sec = (step - last_log_step) / (now - last_log_time)
       row |= {'perf/steps_per_sec': steps_per_sec, 'perf/update_tokens_per_sec': steps_per_sec * tokens_per_step}

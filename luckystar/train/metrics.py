@@ -60,7 +60,7 @@ class Writer:
     with (self.workdir / METRICS_FILE).open('a') as f:
       f.write(json.dumps(row, allow_nan=True) + '\n')
     for name, value in row.items():
-      if name != 'step':
+      if name != 'step' and math.isfinite(value):  # NaN = undefined (e.g. no Korean prompt in the batch)
         self._tensorboard.add_scalar(name, value, global_step=row['step'])
 
   def close(self) -> None:

@@ -10,11 +10,12 @@ import jax
 import optax
 
 
-def learning_rate_schedule(config) -> optax.Schedule:
-  """0 → `learning_rate` linearly over `warmup_steps`, then cosine to 0 at `total_steps`."""
-  return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=config.learning_rate, warmup_steps=config.warmup_steps,
-      decay_steps=max(config.total_steps, config.warmup_steps + 1), end_value=0.0)
+def learning_rate_schedule(config, updates_per_step: int = 1) -> optax.Schedule:
+  """0 → `learning_rate` linearly over `warmup_steps`, then cosine to 0 at `total_steps`; a function of
+  the optimizer's update count, which is `updates_per_step` per training step (PPO-style epochs)."""
+  warmup, total = config.warmup_steps * updates_per_step, config.total_steps * updates_per_step
+  return optax.warmup_cosine_decay_schedule(init_value=0.0, peak_value=config.learning_rate, warmup_steps=warmup,
+                                            decay_steps=max(total, warmup + 1), end_value=0.0)
 
 
 def decay_mask(params: Any) -> Any:
@@ -24,9 +25,9 @@ def decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
-def make(config) -> optax.GradientTransformation:
+def make(config, updates_per_step: int = 1) -> optax.GradientTransformation:
   """The optimizer every training stage uses; its step count advances only on applied updates."""
   return optax.chain(
       optax.clip_by_global_norm(config.max_grad_norm),
-      optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2,
+      optax.adamw(learning_rate_schedule(config, updates_per_step), b1=config.b1, b2=config.b2,
                   weight_decay=config.weight_decay, mask=decay_mask))

@@ -5,7 +5,11 @@ mixture of conversations in both modes (default 80% reasoning, 20% concise).
 
 Config (`config.sft`): `seq_len` (packed row length), `mixture` (source → weight), `data`
 ('conversations': `luckystar.data.conversations.sft_sources`, train split for training and the
-heldout split for `eval/*`; 'synthetic': a tiny learnable token task for smoke tests),
+heldout split for `eval/*`; 'base': `conversations.base_sources`, the concise-only mixture that
+makes `tiny-base`; 'teacher': `conversations.teacher_sources`, the rejection-sampling teacher's
+mixture from the teacher split; 'synthetic': a tiny learnable token task for smoke tests),
+`rs_traces` (a `rs_traces.jsonl` of the rejection_sampling stage whose traces join the train split's
+'reasoning' source of the 'conversations' data; '' = none),
 `eval_examples_per_source` (a fixed sample of held-out conversations per source; 0 = no eval).
 """
 
@@ -18,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from luckystar import config as config_lib
 from luckystar import model
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations
@@ -82,13 +87,26 @@ def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vo
             ) -> tuple[dict[str, list], dict[str, float]]:
   """(sources, weights) of rendered conversations of `split`, named by `config.sft.data`;
   `config.sft.mixture` (when set) overrides the weights."""
+  if config.sft.get('rs_traces', '') and config.sft.data != 'conversations':
+    raise config_lib.UserError(f'config.sft.rs_traces={config.sft.rs_traces!r} joins the "conversations" data '
+                               f'only, not config.sft.data={config.sft.data!r}; set it to "" or change the data')
   if config.sft.data == 'synthetic':
     raw = synthetic_sources(config.seed, split, vocab_size=vocab_size)
     weights = {name: 1.0 for name in raw}
   elif config.sft.data == 'conversations':
-    raw, weights = conversations.sft_sources(tokenizer, seed=config.seed, split=split)
+    rs_traces = config.sft.get('rs_traces', '')
+    extra = (conversations.read_rs_traces(rs_traces, vocab_size=tokenizer.vocab_size)
+             if rs_traces and split == 'train' else ())  # RS prompts are train prompts: never in eval
+    raw, weights = conversations.sft_sources(tokenizer, seed=config.seed, split=split, extra_reasoning=extra)
+  elif config.sft.data == 'teacher':  # the teacher split; held-out eval on the same tasks
+    raw, weights = (conversations.teacher_sources(tokenizer, seed=config.seed) if split == 'train' else
+                    conversations.sft_sources(tokenizer, seed=config.seed, split=split,
+                                              reasoning_tasks=conversations.TEACHER_REASONING_TASKS))
+  elif config.sft.data == 'base':
+    raw, weights = conversations.base_sources(tokenizer, seed=config.seed, split=split)
   else:
-    raise ValueError(f'config.sft.data={config.sft.data!r}; expected "conversations" or "synthetic"')
+    raise ValueError(f'config.sft.data={config.sft.data!r}; expected "conversations", "teacher", "base" or '
+                     '"synthetic"')
   if config.sft.mixture:
     weights = dict(config.sft.mixture)
     if set(weights) != set(raw):
@@ -161,7 +179,7 @@ def run(config, workdir: str) -> None:
     loop.finish_without_training(config, workdir)
     return
   model_config, params = state_lib.initial_model(config.init_from)
-  tokenizer = tokenizer_lib.default() if config.sft.data == 'conversations' else None
+  tokenizer = tokenizer_lib.default() if config.sft.data != 'synthetic' else None
   if tokenizer is not None and tokenizer.vocab_size > model_config.vocab_size:
     raise ValueError(f'config.init_from={config.init_from!r} has {model_config.vocab_size} token embeddings, '
                      f'fewer than the tokenizer\'s {tokenizer.vocab_size}')

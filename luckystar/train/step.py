@@ -92,31 +92,44 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, batch: Batch, rng: jax.Ar
 
 def make_update_fn(loss_fn: LossFn, optimizer: optax.GradientTransformation, state_shardings: TrainState, *,
                    mesh: jax.sharding.Mesh, learning_rate: optax.Schedule | None = None, grad_accum_steps: int = 1,
-                   denominator: str = 'tokens') -> MeshFunction:
+                   denominator: str = 'tokens', updates_per_batch: int = 1) -> MeshFunction:
   """The jitted step: gradients (accumulated), optimizer update unless non-finite, metrics.
 
-  Metrics: `train/<aux key>` for every aux entry, `train/grad_norm` (before clipping),
-  `train/skipped_updates`, and `train/learning_rate` if the schedule is given.
+  `updates_per_batch` > 1 takes that many optimizer updates on the same batch within the step (PPO-style
+  epochs; the loss should clip its ratio to the sampling policy); metrics are those of the first update,
+  plus `train/last_update_loss`. Metrics: `train/<aux key>` for every aux entry, `train/grad_norm`
+  (before clipping), `train/skipped_updates`, and `train/learning_rate` if the schedule is given.
   The state argument is donated.
   """
-  def update(state: TrainState, batch: Batch, rng: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
-    grads, aux = accumulate_gradients(loss_fn, state.params, batch, rng, grad_accum_steps=grad_accum_steps,
+  def one_update(params, opt_state, skipped, batch, rng):
+    grads, aux = accumulate_gradients(loss_fn, params, batch, rng, grad_accum_steps=grad_accum_steps,
                                       denominator=denominator)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    updates, new_opt_state = optimizer.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(aux['loss']) & jnp.isfinite(grad_norm)
 
     def if_finite(new, old):
       return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
 
-    skipped = state.skipped_updates + jnp.logical_not(finite).astype(jnp.int32)
+    skipped = skipped + jnp.logical_not(finite).astype(jnp.int32)
+    return if_finite(new_params, params), if_finite(new_opt_state, opt_state), skipped, aux, grad_norm
+
+  def update(state: TrainState, batch: Batch, rng: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+    params, opt_state, skipped, aux, grad_norm = one_update(state.params, state.opt_state, state.skipped_updates,
+                                                            batch, rng)
     metrics = {f'train/{k}': v for k, v in aux.items()}
+    if updates_per_batch > 1:
+      def again(carry, index):
+        *carry, last_aux, _ = one_update(*carry, batch, jax.random.fold_in(rng, index))
+        return tuple(carry), last_aux['loss']
+      (params, opt_state, skipped), losses = jax.lax.scan(again, (params, opt_state, skipped),
+                                                          jnp.arange(1, updates_per_batch))
+      metrics['train/last_update_loss'] = losses[-1]
     metrics |= {'train/grad_norm': grad_norm, 'train/skipped_updates': skipped}
     if learning_rate is not None:  # the optimizer counts applied updates only
-      metrics['train/learning_rate'] = learning_rate(state.step - state.skipped_updates)
-    new_state = state.replace(step=state.step + 1, params=if_finite(params, state.params),
-                              opt_state=if_finite(opt_state, state.opt_state), skipped_updates=skipped)
+      metrics['train/learning_rate'] = learning_rate(state.step * updates_per_batch - state.skipped_updates)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, skipped_updates=skipped)
     return new_state, metrics
 
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())

@@ -1,0 +1,47 @@
+"""Rejection sampling from the teacher: the cold-start SFT data (DESIGN §5, paper §2.3).
+
+    python -m luckystar.main --config=configs/rejection_sampling.py --workdir=/tmp/luckystar-rs
+    python -m luckystar.main --config=configs/sft.py --workdir=/tmp/luckystar-sft \
+        --config.sft.rs_traces=/tmp/luckystar-rs/rs_traces.jsonl      # the traces join hybrid SFT
+
+Best-of-8 at temperature 1.0 from `teacher` (`configs/sft.py:teacher`: the `small` size trained on
+the teacher split's own databases and questions) over the student's RS-only train prompts: every
+NL2SQL prompt in both languages (156) and Korean math of difficulty 2 (238), the SQL run in the
+sandbox. Keeps every verified-correct trace, deduplicated; for Korean prompts only English thinking
+with a Korean response. Writes rs_traces.jsonl, rs_stats.json and rs_stats.md (pass@1 and pass@8 per
+task and language, kept traces per prompt, drops by the Korean language filter); re-running on the
+same workdir reuses them.
+Expected on 2 CPU cores: TODO(real numbers once the bundled `teacher` ships) — ~N min for
+394 prompts × 8 samples; pass@8 ≈ A on NL2SQL and B on Korean math.
+
+`:smoke` (tests): an untrained `tiny` teacher, 1 prompt per task × 2 samples of ≤ 16 tokens; it
+keeps nothing, but runs every step and writes every file.
+"""
+
+from luckystar import config as config_lib
+
+
+def get_config(arg=None):
+  config = config_lib.base('rejection_sampling')
+  config.init_from = 'teacher'          # bundled name, run dir or HF dir; 'random:<size>' for smoke tests
+  config.sampling.temperature = 1.0     # best-of-N needs diverse samples
+  config.sampling.max_new_tokens = 256  # thinking + SQL call + tool result + answer fit with room
+  config.rejection_sampling.tasks = ('nl2sql', 'math')
+  config.rejection_sampling.math_difficulties = (2,)     # intermediate
+  config.rejection_sampling.math_languages = ('ko',)
+  config.rejection_sampling.max_prompts = 0              # per task; 0 = all RS-only prompts
+  config.rejection_sampling.samples_per_prompt = 8       # N of best-of-N
+  config.rejection_sampling.batch_size = 64              # rollouts generated together (8 prompts × 8)
+  config.rejection_sampling.max_tool_turns = 2
+  config.rejection_sampling.max_tool_result_tokens = 128
+
+  if arg == 'smoke':
+    config.init_from = 'random:tiny'
+    config.sampling.max_new_tokens = 16
+    config.rejection_sampling.max_prompts = 1
+    config.rejection_sampling.samples_per_prompt = 2
+    config.rejection_sampling.batch_size = 4
+  elif arg:
+    raise ValueError(f'unknown variant configs/rejection_sampling.py:{arg}; expected '
+                     f'configs/rejection_sampling.py or configs/rejection_sampling.py:smoke')
+  return config

@@ -1,0 +1,133 @@
+"""Builds the bundled models (DESIGN §7) from the repo's own configs and seeds, and their README table.
+
+    python experiments/bundled_models.py tiny-base     # ≈ 25 min on 2 CPU cores
+    python experiments/bundled_models.py tiny-sft      # from the shipped tiny-base; ≈ 30 min
+    python experiments/bundled_models.py --eval_only tiny-base tiny-sft   # re-evaluate what ships
+
+For each name: train with its recipe (`RECIPES`: the same `python -m luckystar.main` command a user
+runs; re-running resumes in `--workdir/<name>`), export the final params in bf16 as a transformers
+directory `luckystar/assets/models/<name>/` (config.json, model.safetensors, tokenizer.model,
+generation_config.json, luckystar.json with the recipe, git commit and held-out results), evaluate
+the exported model (as `luckystar.load(name)` returns it) greedily on the held-out split, per task,
+language and mode, then rewrite `experiments/bundled_models.md` from every shipped model's results.
+"""
+
+import argparse
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+import luckystar
+from luckystar import api
+from luckystar.evals import core as evals_core
+from luckystar.interop import hf
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+REPORT = ROOT / 'experiments' / 'bundled_models.md'
+CARD_FILE = 'luckystar.json'  # provenance and held-out results, beside the weights
+RECIPES = {'tiny-base': 'configs/sft.py:base', 'tiny-sft': 'configs/sft.py'}
+# ≥ 100 held-out prompts per language across the tasks that answer in text (acceptance of the SFT issue).
+EVAL = evals_core.Settings(per_task_language=64, max_new_tokens=192, batch_size=64)
+CHANCE = {'korean_mc': '10% (1 of 10)', 'chat': '≈ 0 (free-form)', 'math': '≈ 0', 'nl2sql': '≈ 0',
+          'function_calling': '≈ 0'}
+
+
+def train(name: str, workdir: pathlib.Path) -> None:
+  command = [sys.executable, '-m', 'luckystar.main', f'--config={RECIPES[name]}', f'--workdir={workdir}']
+  print('$', ' '.join(command), flush=True)
+  subprocess.run(command, cwd=ROOT, check=True)
+
+
+def export(name: str, workdir: pathlib.Path) -> pathlib.Path:
+  """The run's final params → the bundled directory, replaced atomically."""
+  target = api.BUNDLED_DIR / name
+  staging = target.with_name(f'.{name}.new')
+  shutil.rmtree(staging, ignore_errors=True)
+  model = luckystar.load(workdir)
+  commit = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+  card = {'name': name, 'recipe': f'python -m luckystar.main --config={RECIPES[name]} --workdir=DIR',
+          'git_commit': commit, 'train_log_tail': _last_metrics(workdir)}
+  hf.save_hf(staging, model.config, model.params, dtype='bfloat16', tokenizer=model.tokenizer,
+              extra_files={CARD_FILE: json.dumps(card, indent=2, ensure_ascii=False) + '\n'})
+  if target.exists():
+    shutil.rmtree(target)
+  staging.rename(target)
+  return target
+
+
+def _last_metrics(workdir: pathlib.Path) -> dict:
+  """The last logged value of each train/ and eval/ metric."""
+  last = {}
+  for line in (workdir / 'metrics.jsonl').read_text().splitlines():
+    last.update({k: v for k, v in json.loads(line).items() if k.startswith(('train/loss', 'eval/', 'step'))})
+  return last
+
+
+def evaluate(name: str) -> dict:
+  model = luckystar.load(name)
+  start = time.time()
+  metrics = evals_core.evaluate(model.config, model.params, model.tokenizer, EVAL)
+  print(f'{name}: evaluated in {time.time() - start:.0f} s', flush=True)
+  card_file = api.BUNDLED_DIR / name / CARD_FILE
+  card = json.loads(card_file.read_text())
+  card['heldout'] = {'settings': {'per_task_language': EVAL.per_task_language, 'max_new_tokens':
+                                  EVAL.max_new_tokens, 'split': EVAL.split, 'seed': EVAL.seed, 'greedy': True},
+                     'metrics': metrics}
+  card_file.write_text(json.dumps(card, indent=2, ensure_ascii=False) + '\n')
+  return metrics
+
+
+def _percent(value) -> str:
+  return '–' if value is None or value != value else f'{100 * value:.1f}'
+
+
+def report() -> str:
+  """Markdown: held-out correctness per task × language for every shipped model, both modes."""
+  results = {}
+  for name in api.BUNDLED_MODELS:
+    card_file = api.BUNDLED_DIR / name / CARD_FILE
+    if card_file.is_file() and 'heldout' in json.loads(card_file.read_text()):
+      results[name] = json.loads(card_file.read_text())['heldout']['metrics']
+  columns = [(name, mode) for name in results for mode in evals_core.MODES]
+  lines = ['| task | language | chance | ' + ' | '.join(f'{n} {m}' for n, m in columns) + ' |',
+           '|---|---|---|' + '---|' * len(columns)]
+  keys = sorted({key.removeprefix('eval/reasoning/correctness/') for metrics in results.values()
+                 for key in metrics if key.startswith('eval/reasoning/correctness/') and key.count('/') == 4})
+  for key in keys:
+    task, lang = key.split('/')
+    cells = [_percent(results[n].get(f'eval/{m}/correctness/{key}')) for n, m in columns]
+    lines.append(f'| {task} | {lang} | {CHANCE.get(task, "")} | ' + ' | '.join(cells) + ' |')
+  for label, metric in (('**all**', 'correctness'), ('English thinking + response in prompt language', 'hybrid_format'),
+                        ('… English prompts', 'hybrid_format/en'), ('… Korean prompts', 'hybrid_format/ko'),
+                        ('thinking section present', 'thinking_rate'),
+                        ('Korean prompts answered in English', 'language_mismatch')):
+    cells = [_percent(results[n].get(f'eval/{m}/{metric}')) for n, m in columns]
+    lines.append(f'| {label} | | | ' + ' | '.join(cells) + ' |')
+  cells = [f'{results[n].get(f"eval/{m}/response_length", float("nan")):.0f}' for n, m in columns]
+  lines.append('| mean reply length (tokens) | | | ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines) + '\n'
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('names', nargs='+', choices=sorted(RECIPES))
+  parser.add_argument('--workdir', default='/tmp/luckystar-bundled', type=pathlib.Path)
+  parser.add_argument('--eval_only', action='store_true', help='re-evaluate the shipped models only')
+  args = parser.parse_args()
+  for name in args.names:
+    if not args.eval_only:
+      train(name, args.workdir / name)
+      export(name, args.workdir / name)
+    evaluate(name)
+  REPORT.write_text(
+      f'# Bundled models: held-out correctness (%)\n\nWritten by `python experiments/bundled_models.py`. Greedy, '
+      f'held-out split, the first {EVAL.per_task_language} prompts per task and language (seed {EVAL.seed}), '
+      f'up to {EVAL.max_new_tokens} new tokens, the SQL tool loop on for NL2SQL.\n\n' + report())
+  print(REPORT.read_text())
+
+
+if __name__ == '__main__':
+  main()

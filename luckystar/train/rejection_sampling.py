@@ -1,0 +1,307 @@
+"""Rejection sampling, the cold start (DESIGN §5, paper §2.3): best-of-N from a teacher with the real
+SQL tool, verified against the gold; every verified-correct trace is kept (deduplicated), and for
+Korean prompts only those with English thinking and a Korean response. The output is an SFT data
+file for the hybrid SFT mixture (`config.sft.rs_traces`).
+
+    python -m luckystar.main --config=configs/rejection_sampling.py --workdir=runs/rs
+
+Prompts (`rs_prompts`): the student's train prompts reserved for rejection sampling
+(`examples.rs_only`; RLVR leaves exactly these out) of `config.rejection_sampling.tasks`: every NL2SQL
+prompt (both languages) and the math prompts of `math_difficulties` in `math_languages` (Korean,
+intermediate), at most `max_prompts` per task (0: all). The teacher (`config.init_from`) saw none of
+them: it is trained on the teacher split's own questions and databases (`configs/sft.py:teacher`).
+
+Each prompt is rendered in reasoning mode and sampled `samples_per_prompt` times at
+`config.sampling`, the NL2SQL rows running their SQL in the sandbox. Writes, in `workdir`:
+
+  rs_traces.jsonl  one kept trace per line: example_id, task, language, sample_index, teacher
+                   (config.init_from), mode ('reasoning'), tokens and loss_mask — the whole
+                   conversation, prompt included, as `Tokenizer.render` lays it out (loss on the
+                   teacher's tokens only; prompt and tool results 0)
+  rs_stats.json    per task/language and overall: pass@1, pass@N, prompts with ≥ 1 kept trace, kept
+                   traces per prompt (mean, max), why samples were dropped (the Korean language filter
+                   among them); and the `settings` it was made with
+  rs_stats.md      the same as a table
+
+A re-run on a finished workdir reuses these files (and says so); one made with other settings is an
+error, not silently reused.
+"""
+
+import collections
+import dataclasses
+import json
+import pathlib
+import time
+from typing import Any, Sequence
+
+from absl import logging
+import jax
+import numpy as np
+import tqdm
+
+from luckystar import config as config_lib
+from luckystar import model
+from luckystar import sampling
+from luckystar import tokenizer as tokenizer_lib
+from luckystar.data import suites
+from luckystar.data.examples import TASKS, Example, rs_only
+from luckystar.rewards import language
+from luckystar.tokenizer import AssistantTurn, Tokenizer
+from luckystar.train import rollouts
+from luckystar.train import state as state_lib
+
+TRACES_FILE = 'rs_traces.jsonl'
+STATS_FILE = 'rs_stats.json'     # written last: its presence marks a finished run
+REPORT_FILE = 'rs_stats.md'
+MODE = 'reasoning'               # the rollouts are sampled, and stored, in reasoning mode
+KEPT = 'kept'
+# Why a sample is not kept: the first check it fails, in this order.
+DROP_REASONS = ('unscorable', 'incorrect', 'unfinished', 'thinking_not_english', 'response_not_korean', 'duplicate')
+LANGUAGE_FILTER = ('thinking_not_english', 'response_not_korean')   # Korean prompts only
+
+
+# ---- prompts ---------------------------------------------------------------------------------------
+
+
+def rs_prompts(config) -> list[Example]:
+  """The rejection-sampling prompts of `config.rejection_sampling` (see the module docstring), in
+  suite order; train split only, and only `rs_only` ones, so never an RLVR, held-out or teacher prompt."""
+  settings = config.rejection_sampling
+  if unknown := [task for task in settings.tasks if task not in TASKS]:
+    raise config_lib.UserError(f'config.rejection_sampling.tasks names {unknown}; tasks are {TASKS}')
+  chosen = []
+  for task in settings.tasks:
+    here = [e for e in suites.load(task, 'train', seed=config.seed) if rs_only(e, config.seed) and (
+        task != 'math' or (e.difficulty in settings.math_difficulties and e.language in settings.math_languages))]
+    chosen += here[:settings.max_prompts or None]
+  return chosen
+
+
+# ---- which traces to keep (pure) -------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  """One sampled trace, reduced to what the keep/drop decision reads."""
+  token_ids: tuple[int, ...]   # the continuation after the prompt: equal ids are the same trace
+  thinking: str | None         # the thinking sections of all its assistant turns, joined; None if none
+  response: str | None         # the final turn's response section
+  correct: bool | None         # the verifier's verdict (None: it could not score)
+  ended: bool                  # the final turn closed with END_OF_TURN (not overlong, not a bare action)
+
+
+def trace_decisions(prompt_language: str, candidates: Sequence[Candidate]) -> list[str]:
+  """For one prompt's samples, in order: KEPT, or the first of DROP_REASONS that applies.
+
+  Every verified-correct, finished trace is kept once (the first of equal token ids); for a Korean
+  prompt it must also think in English and respond in Korean (DESIGN §5), as `language.detect` reads
+  them (mixed or empty text fails)."""
+  seen, decisions = set(), []
+  for candidate in candidates:
+    if candidate.correct is None:
+      decision = 'unscorable'
+    elif not candidate.correct:
+      decision = 'incorrect'
+    elif not candidate.ended:
+      decision = 'unfinished'
+    elif prompt_language == 'ko' and language.detect(candidate.thinking or '') != 'en':
+      decision = 'thinking_not_english'
+    elif prompt_language == 'ko' and language.detect(candidate.response or '') != 'ko':
+      decision = 'response_not_korean'
+    elif candidate.token_ids in seen:
+      decision = 'duplicate'
+    else:
+      decision = KEPT
+      seen.add(candidate.token_ids)
+    decisions.append(decision)
+  return decisions
+
+
+def assistant_turns(tokenizer: Tokenizer, rollout: sampling.Rollout) -> list[AssistantTurn]:
+  """Every assistant turn of a rollout, parsed: each maximal run of generated tokens (loss_mask 1) is
+  one turn's body; the spliced tool round trips (mask 0) separate them."""
+  turns, start = [], None
+  for i, generated in enumerate([*rollout.loss_mask.tolist(), 0]):
+    if generated and start is None:
+      start = i
+    elif not generated and start is not None:
+      turns.append(tokenizer.parse_assistant(rollout.token_ids[start:i]))
+      start = None
+  return turns
+
+
+def candidate(tokenizer: Tokenizer, scored: rollouts.Scored) -> Candidate:
+  """A scored rollout → Candidate. NL2SQL thinks in its first turn (before the SQL call), so the
+  thinking of every turn counts, not only the final one's."""
+  thinking = [turn.thinking for turn in assistant_turns(tokenizer, scored.rollout) if turn.thinking is not None]
+  return Candidate(token_ids=tuple(scored.rollout.token_ids.tolist()),
+                   thinking='\n'.join(thinking) if thinking else None, response=scored.rollout.final_turn.response,
+                   correct=scored.verdict.correct, ended=scored.rollout.stop_reason == 'end_of_turn')
+
+
+def trace_features(tokenizer: Tokenizer, prompt_ids: Sequence[int], rollout: sampling.Rollout
+                   ) -> tuple[list[int], list[int]]:
+  """(tokens, loss_mask) of prompt + rollout, equal to `Tokenizer.render` of the same conversation:
+  the sampled ids as they are (the prompt was rendered in reasoning mode), loss 1 on the teacher's
+  tokens and 0 on the prompt and tool results; the END_OF_TURN that closes an action turn, spliced
+  in by the tool loop, is trained on as `render` does."""
+  tokens = [*map(int, prompt_ids), *rollout.token_ids.tolist()]
+  mask = [0] * len(prompt_ids) + rollout.loss_mask.tolist()
+  for i in range(len(prompt_ids) + 1, len(tokens)):
+    if (tokens[i] == tokenizer.end_of_turn_id and tokens[i - 1] == tokenizer.end_of_action_id
+        and mask[i - 1] == 1 and mask[i] == 0):
+      mask[i] = 1
+  return tokens, mask
+
+
+# ---- statistics ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptResult:
+  """One prompt's samples: verdicts (correct: True/False/None) and keep/drop decisions, in sample order."""
+  task: str
+  language: str
+  correct: tuple[bool | None, ...]
+  decisions: tuple[str, ...]
+
+
+def _group_stats(results: Sequence[PromptResult]) -> dict[str, Any]:
+  """pass@1 = mean correctness over scorable samples; pass@N = share of prompts with ≥ 1 correct sample."""
+  scorable = [c for r in results for c in r.correct if c is not None]
+  kept = [r.decisions.count(KEPT) for r in results]
+  dropped = collections.Counter(d for r in results for d in r.decisions if d != KEPT)
+  return {
+      'prompts': len(results),
+      'samples': sum(len(r.correct) for r in results),
+      'pass@1': float(np.mean(scorable)) if scorable else float('nan'),
+      'pass@N': float(np.mean([any(r.correct) for r in results])) if results else float('nan'),
+      'prompts_with_kept_trace': sum(k > 0 for k in kept),
+      'kept_traces': sum(kept),
+      'kept_per_prompt_mean': float(np.mean(kept)) if kept else float('nan'),
+      'kept_per_prompt_max': max(kept, default=0),
+      'dropped': {reason: dropped[reason] for reason in DROP_REASONS},
+      'dropped_by_language_filter': sum(dropped[reason] for reason in LANGUAGE_FILTER),
+  }
+
+
+def summarize(results: Sequence[PromptResult]) -> dict[str, dict[str, Any]]:
+  """{'all': ..., '<task>': ..., '<task>/<language>': ...} → `_group_stats`."""
+  groups = collections.defaultdict(list)
+  for result in results:
+    for key in ('all', result.task, f'{result.task}/{result.language}'):
+      groups[key].append(result)
+  return {key: _group_stats(groups[key]) for key in sorted(groups, key=lambda k: (k != 'all', k))}
+
+
+def report(stats: dict[str, Any]) -> str:
+  """rs_stats.md: one table row per group of `stats['groups']`."""
+  n = stats['settings']['samples_per_prompt']
+  lines = [f'# Rejection sampling: teacher `{stats["settings"]["init_from"]}`, N = {n}', '',
+           f'| group | prompts | pass@1 | pass@{n} | prompts with a kept trace | kept traces | kept/prompt '
+           '(mean, max) | dropped by the Korean language filter | incorrect | unfinished | duplicate |',
+           '|' + '---|' * 11]
+  for key, group in stats['groups'].items():
+    lines.append(f'| {key} | {group["prompts"]} | {group["pass@1"]:.3f} | {group["pass@N"]:.3f} | '
+                 f'{group["prompts_with_kept_trace"]} | {group["kept_traces"]} | '
+                 f'{group["kept_per_prompt_mean"]:.2f}, {group["kept_per_prompt_max"]} | '
+                 f'{group["dropped_by_language_filter"]} | {group["dropped"]["incorrect"]} | '
+                 f'{group["dropped"]["unfinished"]} | {group["dropped"]["duplicate"]} |')
+  return '\n'.join(lines) + '\n'
+
+
+# ---- the stage -------------------------------------------------------------------------------------
+
+
+def settings_of(config) -> dict[str, Any]:
+  """Everything the output depends on; a finished workdir made with other settings is not reused."""
+  settings = config.rejection_sampling
+  return {'init_from': config.init_from, 'seed': config.seed, 'sampling': dict(config.sampling),
+          'tasks': list(settings.tasks), 'math_difficulties': list(settings.math_difficulties),
+          'math_languages': list(settings.math_languages), 'max_prompts': settings.max_prompts,
+          'samples_per_prompt': settings.samples_per_prompt, 'max_tool_turns': settings.max_tool_turns,
+          'max_tool_result_tokens': settings.max_tool_result_tokens}
+
+
+def finished(workdir: pathlib.Path, settings: dict[str, Any]) -> bool:
+  """True when `workdir` holds this run's output already; an error if another config made it."""
+  stats_path = workdir / STATS_FILE
+  if not stats_path.is_file() or not (workdir / TRACES_FILE).is_file():
+    return False
+  try:
+    saved = json.loads(stats_path.read_text())['settings']
+  except (ValueError, KeyError) as e:
+    raise config_lib.UserError(f'{stats_path}: not a rejection-sampling stats file ({e!r}); delete it (and '
+                               f'{TRACES_FILE}) to sample again') from None
+  if saved != json.loads(json.dumps(settings)):  # through JSON: tuples and lists compare equal
+    differ = sorted(key for key in set(saved) | set(settings) if saved.get(key) != settings.get(key))
+    raise config_lib.UserError(
+        f'{stats_path}: made with other settings '
+        f'({", ".join(f"{k}: {saved.get(k)!r} there, {settings.get(k)!r} now" for k in differ)}); '
+        f'use a new --workdir, or delete {TRACES_FILE} and {STATS_FILE} there to sample again')
+  return True
+
+
+def _write_atomically(path: pathlib.Path, text: str) -> None:
+  tmp = path.with_name(path.name + '.tmp')
+  tmp.write_text(text, encoding='utf-8')
+  tmp.replace(path)
+
+
+def load_teacher(config) -> tuple[model.ModelConfig, Any]:
+  """(model config, params) of `config.init_from`; 'random:<size>' initialises from `config.seed`
+  (an untrained teacher: for smoke tests only)."""
+  model_config, params = state_lib.initial_model(config.init_from)
+  if params is None:
+    params = model.init(model_config, jax.random.key(config.seed))
+  return model_config, params
+
+
+def run(config, workdir: str) -> None:
+  workdir = pathlib.Path(workdir)
+  settings = config.rejection_sampling
+  if finished(workdir, settings_of(config)):
+    logging.info('%s: rejection sampling already finished (%s, %s); reusing it, nothing to sample', workdir,
+                 TRACES_FILE, STATS_FILE)
+    return
+  examples = rs_prompts(config)
+  if not examples:
+    raise config_lib.UserError(f'config.rejection_sampling selects no prompts (tasks={list(settings.tasks)}, '
+                               f'math_difficulties={list(settings.math_difficulties)}, '
+                               f'math_languages={list(settings.math_languages)})')
+  model_config, params = load_teacher(config)
+  tokenizer = tokenizer_lib.default()
+  if tokenizer.vocab_size > model_config.vocab_size:
+    raise config_lib.UserError(f'config.init_from={config.init_from!r} has {model_config.vocab_size} token '
+                               f'embeddings, fewer than the tokenizer\'s {tokenizer.vocab_size}')
+  samples = settings.samples_per_prompt
+  logging.info('rejection sampling: %d prompts × %d samples from %r', len(examples), samples, config.init_from)
+  rng, chunk = jax.random.key(config.seed), max(1, settings.batch_size // samples)
+  traces, results, started = [], [], time.time()
+  for start in tqdm.trange(0, len(examples), chunk, desc='rejection sampling', unit='batch'):
+    batch = examples[start:start + chunk]
+    prompts = [rollouts.render_prompt(tokenizer, e) for e in batch]
+    # No language penalty or overlong drop here: rejection sampling keeps traces by its own rules.
+    groups = rollouts.generate_and_score(
+        model_config, params, tokenizer, batch, prompts, jax.random.fold_in(rng, start), samples_per_prompt=samples,
+        sampling_settings=config.sampling, max_tool_turns=settings.max_tool_turns,
+        max_tool_result_tokens=settings.max_tool_result_tokens, language_penalty=0.0, drop_overlong=False)
+    for example, prompt_ids, group in zip(batch, prompts, groups):
+      decisions = trace_decisions(example.language, [candidate(tokenizer, scored) for scored in group])
+      results.append(PromptResult(example.task, example.language, tuple(s.verdict.correct for s in group),
+                                  tuple(decisions)))
+      for index, (scored, decision) in enumerate(zip(group, decisions)):
+        if decision == KEPT:
+          tokens, mask = trace_features(tokenizer, prompt_ids, scored.rollout)
+          traces.append({'example_id': example.id, 'task': example.task, 'language': example.language,
+                         'sample_index': index, 'teacher': config.init_from, 'mode': MODE, 'tokens': tokens,
+                         'loss_mask': mask})
+  stats = {'settings': settings_of(config), 'groups': summarize(results), 'seconds': round(time.time() - started, 1)}
+  _write_atomically(workdir / TRACES_FILE, ''.join(json.dumps(t, ensure_ascii=False) + '\n' for t in traces))
+  _write_atomically(workdir / REPORT_FILE, report(stats))
+  _write_atomically(workdir / STATS_FILE, json.dumps(stats, indent=1, ensure_ascii=False) + '\n')
+  overall = stats['groups']['all']
+  logging.info('rejection sampling: kept %d traces for %d of %d prompts (pass@1 %.3f, pass@%d %.3f; %d dropped by '
+               'the Korean language filter) → %s', overall['kept_traces'], overall['prompts_with_kept_trace'],
+               overall['prompts'], overall['pass@1'], samples, overall['pass@N'],
+               overall['dropped_by_language_filter'], workdir / TRACES_FILE)

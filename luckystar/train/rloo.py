@@ -1,0 +1,346 @@
+"""RLVR with RLOO (DESIGN §5, paper §2.4; Ahmadian et al. 2024): the method's math.
+
+k rollouts per prompt are scored by the verifiers (reward = correctness − penalty·language mismatch).
+Overlong rollouts are dropped: out of the baseline and out of the loss. Each survivor's baseline is
+the mean reward of the *other* survivors of its prompt; a group with fewer than two survivors has no
+baseline and contributes nothing. The loss is the token-level policy gradient over model-generated
+tokens, with logits divided by the sampling temperature; optional PPO-style ratio clipping (for
+several updates per batch) and an optional k3 KL estimate to a reference.
+
+    python -m luckystar.main --config=configs/rlvr.py --workdir=runs/rlvr
+
+The stage (`run`): the RL prompt pool (train split of `config.rlvr.tasks`, minus the prompts kept
+for rejection sampling, `examples.rs_only`), prompt selection by the starting policy (pass rate at
+k samples within `config.rlvr.select_pass_rate`, cached in `workdir/prompt_selection.json`), a
+held-out eval set with the same task/language mix, then the shared training loop with rollouts
+drawn by the current policy at every step.
+"""
+
+import dataclasses
+import functools
+import json
+import pathlib
+import time
+from typing import Any, Mapping, Sequence
+
+from absl import logging
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm
+
+from luckystar import config as config_lib
+from luckystar import model
+from luckystar import sampling
+from luckystar import tokenizer as tokenizer_lib
+from luckystar.data import conversations, pipeline, suites
+from luckystar.data.examples import Example, rs_only
+from luckystar.evals import core as evals_core
+from luckystar.model import sharding
+from luckystar.rewards import language
+from luckystar.rewards import reward as reward_lib
+from luckystar.tokenizer import Tokenizer
+from luckystar.train import loop, optim, rollouts
+from luckystar.train import state as state_lib
+from luckystar.train import step as step_lib
+
+NORMALIZATIONS = ('tokens', 'sequences')
+
+
+def rloo_advantages(rewards: jax.Array, survived: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Leave-one-out baseline per prompt group.
+
+  rewards, survived: [prompts, k] (float; bool: not overlong).
+  Returns (advantages, used), both [prompts, k]: A_i = r_i − mean(r_j : j ≠ i, j survived) where row i
+  survived in a group of ≥ 2 survivors (used); 0 and unused elsewhere.
+  """
+  survived = jnp.asarray(survived, bool)
+  rewards = jnp.where(survived, jnp.asarray(rewards, jnp.float32), 0.0)
+  survivors = survived.sum(-1, keepdims=True)
+  baseline = (rewards.sum(-1, keepdims=True) - rewards) / jnp.maximum(survivors - 1, 1)
+  used = survived & (survivors >= 2)
+  return jnp.where(used, rewards - baseline, 0.0), used
+
+
+def zero_variance_groups(rewards: jax.Array, survived: jax.Array) -> jax.Array:
+  """[prompts] bool: groups whose survivors (≥ 2 of them) all earned the same reward — no signal."""
+  survived = jnp.asarray(survived, bool)
+  rewards = jnp.asarray(rewards, jnp.float32)
+  high = jnp.where(survived, rewards, -jnp.inf).max(-1)
+  low = jnp.where(survived, rewards, jnp.inf).min(-1)
+  return (survived.sum(-1) >= 2) & (high == low)
+
+
+def token_logprobs(model_config: model.ModelConfig, params: Any, batch: Mapping[str, jax.Array],
+                   temperature: float) -> tuple[jax.Array, jax.Array]:
+  """(log π(token t+1 | ≤ t), entropy), both [B, T-1], of the distribution softmax(logits / temperature)
+  the sampler drew from (before top-k / top-p)."""
+  logits = model.apply(model_config, params, batch['tokens'], batch['positions'], batch['segment_ids'])
+  log_probs = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32) / temperature)
+  taken = jnp.take_along_axis(log_probs, batch['tokens'][:, 1:, None], axis=-1)[..., 0]
+  entropy = -(jnp.exp(log_probs) * log_probs).sum(-1)
+  return taken, entropy
+
+
+def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, *, model_config: model.ModelConfig,
+            temperature: float = 1.0, clip_epsilon: float = 0.0, kl_beta: float = 0.0,
+            normalize: str = 'tokens') -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The RLOO policy-gradient loss over model-generated tokens.
+
+  batch: tokens, positions, segment_ids, loss_mask [B, T] int (loss_mask 1 on tokens the policy
+  generated; prompt and tool-result tokens 0); advantages [B] float; used [B] (0 for dropped rows and
+  groups without a baseline); old_logprobs [B, T] float (the sampler's untruncated log-prob of token t,
+  at the sampling temperature); ref_logprobs [B, T] when kl_beta > 0.
+  Per token: −min(ρ·A, clip(ρ, 1 ± ε)·A) with ρ = π/π_old (ε = 0: no clipping; on-policy ρ = 1 and the
+  gradient is A·∇log π), plus kl_beta·(e^{ref−logπ} − (ref−logπ) − 1).
+  normalize: 'tokens' (Σ over every token / token count) or 'sequences' (each row's token mean, then
+  the mean over rows). aux[normalize] is the denominator.
+  """
+  del rng  # deterministic
+  if normalize not in NORMALIZATIONS:
+    raise ValueError(f'normalize={normalize!r}; expected one of {NORMALIZATIONS}')
+  logprobs, entropy = token_logprobs(model_config, params, batch, temperature)
+  rows = batch['used'].astype(jnp.float32)                                    # [B]
+  mask = batch['loss_mask'][:, 1:].astype(jnp.float32) * rows[:, None]         # [B, T-1]
+  advantages = batch['advantages'].astype(jnp.float32)[:, None]
+  ratio = jnp.exp(logprobs - jax.lax.stop_gradient(batch['old_logprobs'][:, 1:]))
+  objective = ratio * advantages
+  if clip_epsilon > 0:
+    objective = jnp.minimum(objective, jnp.clip(ratio, 1 - clip_epsilon, 1 + clip_epsilon) * advantages)
+  per_token = -objective
+  kl = jnp.zeros_like(logprobs)
+  if kl_beta > 0:
+    log_ratio = batch['ref_logprobs'][:, 1:] - logprobs
+    kl = jnp.exp(log_ratio) - log_ratio - 1.0
+    per_token = per_token + kl_beta * kl
+  tokens = mask.sum()
+  sequences = (mask.sum(-1) > 0).sum().astype(jnp.float32)
+  generated = batch['loss_mask'][:, 1:].astype(jnp.float32)  # every sampled token, used rows or not
+  if normalize == 'tokens':
+    weights = mask / jnp.maximum(tokens, 1.0)
+  else:
+    weights = mask / jnp.maximum(mask.sum(-1, keepdims=True), 1.0) / jnp.maximum(sequences, 1.0)
+  loss = (per_token * weights).sum()
+  mean = lambda x: (x * mask).sum() / jnp.maximum(tokens, 1.0)
+  clipped = (jnp.abs(ratio - 1) > clip_epsilon) if clip_epsilon > 0 else jnp.zeros_like(ratio, bool)
+  aux = {'loss': loss, 'kl': mean(kl), 'entropy': (entropy * generated).sum() / jnp.maximum(generated.sum(), 1.0),
+         'ratio': mean(ratio),
+         'clip_fraction': mean(clipped.astype(jnp.float32)), 'tokens': tokens, 'sequences': sequences}
+  return loss, aux
+
+
+# ---- rollouts, scoring and the training batch ---------------------------------------------------
+
+
+def training_batch(prompts: Sequence[Sequence[int]], groups: Sequence[Sequence[rollouts.Scored]], *,
+                   length_multiple: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+  """The update's batch: one row per rollout, prompt + continuation, right-padded to a multiple of
+  `length_multiple`. Returns (batch, zero_variance [prompts]). See `loss_fn` for the fields."""
+  rewards = np.array([[s.verdict.reward if s.survived else 0.0 for s in group] for group in groups], np.float32)
+  survived = np.array([[s.survived for s in group] for group in groups])
+  advantages, used = jax.device_get(rloo_advantages(rewards, survived))
+  rows = [(prompts[g], s.rollout) for g, group in enumerate(groups) for s in group]
+  length = -(-max(len(p) + len(r.token_ids) for p, r in rows) // length_multiple) * length_multiple
+  batch = {name: np.zeros((len(rows), length), dtype) for name, dtype in (
+      ('tokens', np.int32), ('positions', np.int32), ('segment_ids', np.int32), ('loss_mask', np.int32),
+      ('old_logprobs', np.float32))}
+  for b, (prompt, rollout) in enumerate(rows):
+    n, total = len(prompt), len(prompt) + len(rollout.token_ids)
+    batch['tokens'][b, :total] = np.concatenate([prompt, rollout.token_ids])
+    batch['positions'][b, :total] = np.arange(total)
+    batch['segment_ids'][b, :total] = 1
+    batch['loss_mask'][b, n:total] = rollout.loss_mask
+    batch['old_logprobs'][b, n:total] = rollout.untruncated_logprobs
+  batch['advantages'] = np.asarray(advantages, np.float32).reshape(-1)
+  batch['used'] = np.asarray(used, np.int32).reshape(-1)
+  return batch, np.asarray(jax.device_get(zero_variance_groups(rewards, survived)))
+
+
+def rollout_metrics(groups: Sequence[Sequence[rollouts.Scored]], zero_variance: np.ndarray, prefix: str = 'train'
+                    ) -> dict:
+  """DESIGN §8's RL batch figures: reward, correctness, pass rate, Korean→English mismatch, response
+  length, overlong fraction, zero-variance groups, unscorable rollouts."""
+  flat = [s for group in groups for s in group]
+  korean = [s.verdict.language_mismatch for s in flat
+            if reward_lib.prompt_language(s.example.prompt) == 'ko' and language.detect(s.rollout.final_turn.response)]
+  mean = lambda values: float(np.mean(values)) if len(values) else float('nan')
+  return {
+      f'{prefix}/reward': mean([s.verdict.reward for s in flat if s.survived]),
+      f'{prefix}/correctness': mean([bool(s.verdict.correct) for s in flat]),
+      f'{prefix}/pass_rate': mean([mean([bool(s.verdict.correct) for s in group]) for group in groups]),
+      f'{prefix}/language_mismatch': mean(korean),
+      f'{prefix}/response_length': mean([int(s.rollout.loss_mask.sum()) for s in flat]),
+      f'{prefix}/overlong_fraction': mean([s.rollout.overlong for s in flat]),
+      f'{prefix}/zero_variance_groups': mean(zero_variance),
+      f'{prefix}/unscorable': float(sum(s.verdict.correct is None for s in flat)),
+  }
+
+
+# ---- prompts --------------------------------------------------------------------------------------
+
+SELECTION_FILE = 'prompt_selection.json'
+
+
+def prompt_pool(settings: Any, split: str, tokenizer: Tokenizer, *, seed: int) -> list[Example]:
+  """RL prompts of `settings.tasks` in `split` (train: minus the rejection-sampling prompts) whose
+  reasoning-mode prompt fits `settings.max_prompt_tokens`."""
+  pool = []
+  for task in settings.tasks:
+    for example in suites.load(task, split, seed=seed):
+      if split == 'train' and rs_only(example, seed):
+        continue
+      if len(rollouts.render_prompt(tokenizer, example)) <= settings.max_prompt_tokens:
+        pool.append(example)
+  return pool
+
+
+def rollout_options(config) -> dict[str, Any]:
+  """`rollouts.generate_and_score`'s settings from the config."""
+  settings = config.rlvr
+  return dict(sampling_settings=config.sampling, max_tool_turns=settings.max_tool_turns,
+              max_tool_result_tokens=settings.max_tool_result_tokens, language_penalty=settings.language_penalty,
+              drop_overlong=settings.drop_overlong)
+
+
+def _fingerprint(config) -> dict:
+  """What prompt selection depends on; a cached selection with another fingerprint is stale."""
+  settings = config.rlvr
+  return {'init_from': config.init_from, 'seed': config.seed, 'tasks': list(settings.tasks),
+          'max_prompt_tokens': settings.max_prompt_tokens, 'selection_prompts': settings.selection_prompts,
+          'selection_samples': settings.selection_samples, 'pass_rate': list(settings.select_pass_rate),
+          'sampling': dict(config.sampling)}
+
+
+def select_prompts(config, workdir: pathlib.Path, model_config: model.ModelConfig, params: Any,
+                   tokenizer: Tokenizer, pool: Sequence[Example]) -> list[Example]:
+  """Prompts whose pass rate under the starting policy lies in `config.rlvr.select_pass_rate`
+  (DESIGN §5: [1/8, 7/8] at k = 8), measured once on a seeded sample of `selection_prompts` of the
+  pool and cached in `workdir/prompt_selection.json`."""
+  settings, path = config.rlvr, workdir / SELECTION_FILE
+  by_id = {e.id: e for e in pool}
+  if path.is_file():
+    cached = json.loads(path.read_text())
+    if cached['fingerprint'] != _fingerprint(config):
+      raise config_lib.UserError(
+          f'{path}: prompt selection was made for another config ({cached["fingerprint"]}); use a new --workdir, '
+          f'or delete this file to select again')
+    logging.info('prompt selection: reusing %s (%d prompts kept)', path, len(cached['kept']))
+    return [by_id[i] for i in cached['kept']]
+  order = np.random.default_rng([config.seed, 17]).permutation(len(pool))[:settings.selection_prompts]
+  candidates = [pool[i] for i in sorted(order)]
+  low, high = settings.select_pass_rate
+  rates, chunk = {}, max(1, settings.selection_batch // settings.selection_samples)
+  rng = jax.random.key(config.seed)
+  for start in tqdm.trange(0, len(candidates), chunk, desc='prompt selection', unit='batch',
+                           disable=jax.process_index() != 0):
+    examples = candidates[start:start + chunk]
+    prompts = [rollouts.render_prompt(tokenizer, e) for e in examples]
+    groups = rollouts.generate_and_score(model_config, params, tokenizer, examples, prompts,
+                                         jax.random.fold_in(rng, start), samples_per_prompt=settings.selection_samples,
+                                         **rollout_options(config))
+    for example, group in zip(examples, groups):
+      rates[example.id] = float(np.mean([bool(s.verdict.correct) for s in group]))
+  kept = [e.id for e in candidates if low <= rates[e.id] <= high]
+  summary = {f'{task}/{lang}': {'candidates': sum(1 for e in candidates if (e.task, e.language) == (task, lang)),
+                                'kept': sum(1 for i in kept if (by_id[i].task, by_id[i].language) == (task, lang))}
+             for task, lang in sorted({(e.task, e.language) for e in candidates})}
+  record = {'fingerprint': _fingerprint(config), 'pass_rates': rates, 'kept': kept, 'summary': summary}
+  if jax.process_index() == 0:
+    tmp = path.with_suffix('.tmp')
+    tmp.write_text(json.dumps(record, indent=1, ensure_ascii=False))
+    tmp.replace(path)
+  logging.info('prompt selection: kept %d of %d prompts with pass rate in [%g, %g]: %s', len(kept), len(candidates),
+               low, high, summary)
+  if not kept:
+    raise config_lib.UserError(
+        f'prompt selection kept no prompt: none of {len(candidates)} had a pass rate in [{low}, {high}] under '
+        f'{config.init_from!r} (see {path}); start from a stronger policy (config.init_from), widen '
+        f'config.rlvr.select_pass_rate, or choose other config.rlvr.tasks')
+  return [by_id[i] for i in kept]
+
+
+def eval_examples(selected: Sequence[Example], heldout: Sequence[Example], count: int, seed: int) -> list[Example]:
+  """`count` held-out prompts with the (task, language) mix of `selected` (largest remainder),
+  fixed by `seed`; disjoint from RL and RS prompts, which come from the train split."""
+  groups = {}
+  for example in heldout:
+    groups.setdefault((example.task, example.language), []).append(example)
+  mix = {key: sum(1 for e in selected if (e.task, e.language) == key) for key in groups}
+  total = sum(mix.values())
+  quotas = {key: count * n / total for key, n in mix.items()}
+  counts = {key: int(q) for key, q in quotas.items()}
+  for key in sorted(quotas, key=lambda k: counts[k] - quotas[k])[:count - sum(counts.values())]:
+    counts[key] += 1
+  rng = np.random.default_rng([seed, 29])
+  chosen = []
+  for key in sorted(groups):
+    members = groups[key]
+    chosen += [members[i] for i in sorted(rng.permutation(len(members))[:counts[key]])]
+  return chosen
+
+
+# ---- the stage --------------------------------------------------------------------------------------
+
+
+def run(config, workdir: str) -> None:
+  if loop.is_finished(config, workdir):
+    loop.finish_without_training(config, workdir)
+    return
+  workdir = pathlib.Path(workdir)
+  settings = config.rlvr
+  model_config, params = state_lib.initial_model(config.init_from)
+  tokenizer = tokenizer_lib.default()
+  mesh = sharding.make_mesh(dict(config.mesh))
+  optimizer = optim.make(config, settings.updates_per_batch)
+  state = state_lib.create(model_config, optimizer, mesh, seed=config.seed, params=params)
+
+  pool = prompt_pool(settings, 'train', tokenizer, seed=config.seed)
+  selected = select_prompts(config, workdir, model_config, state.params, tokenizer, pool)
+  heldout = eval_examples(selected, prompt_pool(settings, 'heldout', tokenizer, seed=config.seed),
+                          settings.eval_prompts, config.seed)
+  eval_settings = evals_core.Settings(modes=tuple(settings.eval_modes), max_new_tokens=config.sampling.max_new_tokens,
+                                      max_tool_turns=settings.max_tool_turns,
+                                      max_tool_result_tokens=settings.max_tool_result_tokens,
+                                      batch_size=settings.eval_batch_size, seed=config.seed)
+
+  def eval_fn(params, step):
+    del step
+    return evals_core.evaluate(model_config, jax.device_get(params), tokenizer, eval_settings, examples=heldout)
+
+  if config.batch_size % jax.process_count():
+    raise ValueError(f'config.batch_size={config.batch_size} prompts per step does not split over '
+                     f'{jax.process_count()} processes')
+  prompts = [rollouts.render_prompt(tokenizer, e) for e in selected]
+  prompt_batches = iter(pipeline.shard(grain.MapDataset.range(len(selected))).shuffle(seed=config.seed).repeat()
+                        .batch(config.batch_size // jax.process_count()).to_iter_dataset())
+
+  reference = reference_params = None
+  if settings.kl_beta > 0:  # β = 0 holds no reference params at all
+    reference_params = jax.tree.map(jnp.copy, state.params)  # the state's own params are donated each step
+    reference = jax.jit(lambda params, batch: token_logprobs(model_config, params, batch,
+                                                             config.sampling.temperature)[0])
+
+  def prepare(state, indices, rng):
+    start = time.perf_counter()
+    examples = [selected[int(i)] for i in indices]
+    groups = rollouts.generate_and_score(model_config, state.params, tokenizer, examples,
+                                         [prompts[int(i)] for i in indices], rng,
+                                         samples_per_prompt=settings.samples_per_prompt, **rollout_options(config))
+    batch, zero_variance = training_batch([prompts[int(i)] for i in indices], groups,
+                                          length_multiple=settings.length_multiple)
+    if reference is not None:
+      batch['ref_logprobs'] = np.pad(np.asarray(reference(reference_params, batch)), ((0, 0), (1, 0)))
+    metrics = rollout_metrics(groups, zero_variance)
+    generated = sum(int(s.rollout.loss_mask.sum()) for group in groups for s in group)
+    metrics['perf/rollout_tokens_per_sec'] = generated / (time.perf_counter() - start)
+    return batch, metrics
+
+  loss = functools.partial(loss_fn, model_config=model_config, temperature=config.sampling.temperature,
+                           clip_epsilon=settings.clip_epsilon, kl_beta=settings.kl_beta, normalize=settings.normalize)
+  update_fn = step_lib.make_update_fn(
+      loss, optimizer, step_lib.state_shardings_of(state), mesh=mesh,
+      learning_rate=optim.learning_rate_schedule(config, settings.updates_per_batch), grad_accum_steps=config.grad_accum_steps, denominator=settings.normalize,
+      updates_per_batch=settings.updates_per_batch)
+  loop.run_training(config, workdir, state=state, update_fn=update_fn, batches=prompt_batches, eval_fn=eval_fn,
+                    model_config=model_config, prepare=prepare)

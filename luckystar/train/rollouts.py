@@ -1,0 +1,59 @@
+"""Sampled, scored rollouts of task prompts: what RLVR trains on and rejection sampling filters.
+
+One place renders a task prompt for generation, runs the policy with the SQL tool loop (NL2SQL rows
+execute their SQL in the sandbox), and scores each rollout with the task's verifier.
+"""
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+
+from luckystar import model
+from luckystar import sampling
+from luckystar.data import conversations
+from luckystar.data.examples import Example
+from luckystar.rewards import reward as reward_lib
+from luckystar.tokenizer import Tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Scored:
+  """One rollout of one prompt with its verdict."""
+  example: Example
+  rollout: sampling.Rollout
+  verdict: reward_lib.Verdict
+
+  @property
+  def survived(self) -> bool:
+    """In RLOO's baseline and loss: scorable, and not a dropped overlong rollout (reward None)."""
+    return self.verdict.reward is not None
+
+
+def render_prompt(tokenizer: Tokenizer, example: Example, mode: str = 'reasoning') -> list[int]:
+  """The example's context and question, ending with the assistant's turn header."""
+  return tokenizer.render(conversations.prompt(example), mode, add_generation_prompt=True)[0]
+
+
+def generate_and_score(model_config: model.ModelConfig, params: Any, tokenizer: Tokenizer, examples: Sequence[Example],
+                       prompts: Sequence[Sequence[int]], rng: jax.Array, *, samples_per_prompt: int,
+                       sampling_settings: Any, max_tool_turns: int, max_tool_result_tokens: int,
+                       language_penalty: float, drop_overlong: bool) -> list[list[Scored]]:
+  """`samples_per_prompt` rollouts of each prompt, scored by the verifiers: [prompts][k].
+
+  sampling_settings: temperature, top_k, top_p, max_new_tokens (`config.sampling`). With
+  `drop_overlong`, an overlong rollout gets reward None (out of RLOO's baseline and loss)."""
+  rows = [i for i in range(len(examples)) for _ in range(samples_per_prompt)]
+  db_paths = [examples[i].meta.get('db_path') if examples[i].task == 'nl2sql' else None for i in rows]
+  results = sampling.rollout(
+      model_config, params, tokenizer, [prompts[i] for i in rows], rng=rng,
+      max_new_tokens=sampling_settings.max_new_tokens, tool_fn=sampling.sql_tool_fn(db_paths),
+      max_tool_turns=max_tool_turns, max_tool_result_tokens=max_tool_result_tokens,
+      temperature=sampling_settings.temperature, top_k=sampling_settings.top_k, top_p=sampling_settings.top_p)
+  groups = [[] for _ in examples]
+  for i, rollout in zip(rows, results):
+    verdict = reward_lib.score(examples[i], rollout.final_turn, rollout.actions, language_penalty=language_penalty)
+    if rollout.overlong and drop_overlong:
+      verdict = dataclasses.replace(verdict, reward=None)
+    groups[i].append(Scored(examples[i], rollout, verdict))
+  return groups

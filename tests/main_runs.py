@@ -1,0 +1,50 @@
+"""Runs of `python -m luckystar.main` in a subprocess for the end-to-end tests: uninterrupted, and
+killed with SIGKILL after a step then re-run on the same workdir (DESIGN §8 resume)."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+from luckystar.train import checkpoint
+from luckystar.train import loop
+from luckystar.train import metrics
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def start(config: str, workdir, *, cache_dir, crash_after=None, overrides=()) -> subprocess.Popen:
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}   # one CPU device, not conftest's 8
+  env['JAX_COMPILATION_CACHE_DIR'] = str(cache_dir)                  # a re-run reuses the compiled step
+  env['PYTHONHASHSEED'] = '0'   # the model iterates a set of layer types: same HLO, same cache key
+  if crash_after is not None:
+    env[loop.CRASH_AFTER_STEP_ENV] = str(crash_after)
+  return subprocess.Popen([sys.executable, '-m', 'luckystar.main', f'--config={config}', f'--workdir={workdir}',
+                           *overrides], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(process: subprocess.Popen) -> tuple[int, str]:
+  _, stderr = process.communicate(timeout=600)
+  return process.returncode, stderr
+
+
+def params(workdir):
+  return checkpoint.load_params(workdir)[1]
+
+
+def steps(workdir):
+  return [row['step'] for row in metrics.read(workdir)]
+
+
+def whole_and_resumed(config: str, root: pathlib.Path, *, crash_after: int, overrides=()) -> dict:
+  """An uninterrupted run, and one killed after step `crash_after` then re-run, of the same config."""
+  cache, whole, resumed = root / 'jax_cache', root / 'whole', root / 'resumed'
+  code, log = finish(start(config, whole, cache_dir=cache, overrides=overrides))
+  assert code == 0, log[-3000:]
+  code, log = finish(start(config, resumed, cache_dir=cache, crash_after=crash_after, overrides=overrides))
+  assert code == -signal.SIGKILL, log[-3000:]
+  after_crash = {'checkpoints': sorted(p.name for p in (resumed / 'checkpoints').iterdir()), 'steps': steps(resumed)}
+  code, resume_log = finish(start(config, resumed, cache_dir=cache, overrides=overrides))
+  assert code == 0, resume_log[-3000:]
+  return {'whole': whole, 'resumed': resumed, 'after_crash': after_crash, 'resume_log': resume_log}

@@ -1,0 +1,87 @@
+"""The bundled models ship inside the package, load offline and behave as DESIGN §7 says; save_hf
+writes what transformers and `luckystar.load` read back."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import luckystar
+from luckystar import api, model
+from luckystar import tokenizer as tokenizer_lib
+from luckystar.data import suites
+from luckystar.interop import hf
+
+SHIPPED = ('tiny-base', 'tiny-sft')
+
+
+def test_everything_shipped_fits_the_size_budget():
+  files = [f for f in api.BUNDLED_DIR.parent.rglob('*') if f.is_file()]
+  assert sum(f.stat().st_size for f in files) <= 40 * 2**20
+
+
+@pytest.mark.parametrize('name', SHIPPED)
+def test_bundled_models_load_offline_with_their_provenance(name):
+  loaded = luckystar.load(name)
+  assert loaded.tokenizer is not None and loaded.tokenizer.model_proto == tokenizer_lib.default().model_proto
+  assert sum(x.size for x in jax.tree.leaves(loaded.params)) == model.param_count(model.get('tiny'))
+  assert loaded.config.layer_types == model.get('tiny').layer_types
+  card = json.loads((api.BUNDLED_DIR / name / 'luckystar.json').read_text())
+  assert card['recipe'].startswith('python -m luckystar.main --config=configs/sft.py')
+  assert card['heldout']['metrics']['eval/concise/correctness'] > 0
+  weights = hf.read_safetensors(api.BUNDLED_DIR / name)
+  assert {w.dtype.name for w in weights.values()} == {'bfloat16'}
+
+
+@pytest.fixture(scope='module')
+def sft_replies():
+  sft = luckystar.load('tiny-sft')
+  prompts = [e.prompt for task in ('math', 'korean_mc', 'chat') for e in suites.load(task, 'heldout')[:3]]
+  return (sft.generate(prompts, mode='reasoning', max_new_tokens=96),
+          sft.generate(prompts, mode='concise', max_new_tokens=48))
+
+
+def test_tiny_sft_thinks_in_reasoning_mode(sft_replies):
+  reasoning, _ = sft_replies
+  assert sum(g.thinking is not None for g in reasoning) >= len(reasoning) - 1
+
+
+def test_tiny_sft_does_not_think_in_concise_mode(sft_replies):
+  _, concise = sft_replies
+  assert not any(g.thinking is not None for g in concise)
+
+
+def test_tiny_base_is_a_concise_chat_model():
+  """Facts it was taught in other words: these phrasings are in the held-out split."""
+  base = luckystar.load('tiny-base')
+  questions = ['Germany has which city as its capital?', '독일의 수도 이름은 무엇인가요?']
+  assert {e.split for e in suites.load('chat') if e.prompt in questions} == {'heldout'}
+  replies = base.generate(questions, mode='concise', max_new_tokens=24)
+  assert [r.response for r in replies] == ['The capital of Germany is Berlin.', '독일의 수도는 베를린입니다.']
+
+
+def test_save_hf_round_trips_and_transformers_reads_it(tmp_path):
+  transformers = pytest.importorskip('transformers')
+  torch = pytest.importorskip('torch')
+  config = model.get('tiny', hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, num_layers=4,
+                     sliding_window=8)
+  params = model.init(config, jax.random.key(1))
+  ours = luckystar.Model(config, params, tokenizer_lib.default())
+  ours.save_hf(tmp_path / 'fp32')
+  back = luckystar.load(tmp_path / 'fp32')
+  assert back.config == config and back.tokenizer is not None
+  jax.tree.map(np.testing.assert_array_equal, back.params, params)
+  with pytest.raises(FileExistsError, match='fp32'):
+    ours.save_hf(tmp_path / 'fp32')
+
+  ids = np.random.default_rng(0).integers(0, config.vocab_size, (2, 3 * config.sliding_window))
+  theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / 'fp32', torch_dtype=torch.float32)
+  with torch.no_grad():
+    expected = theirs(torch.as_tensor(ids)).logits.numpy()
+  np.testing.assert_allclose(np.asarray(ours.logits(ids)), expected, atol=1e-4)
+
+  ours.save_hf(tmp_path / 'bf16', dtype='bfloat16')
+  assert {w.dtype.name for w in hf.read_safetensors(tmp_path / 'bf16').values()} == {'bfloat16'}
+  generation = json.loads((tmp_path / 'bf16' / 'generation_config.json').read_text())
+  assert ours.tokenizer.end_of_turn_id in generation['eos_token_id']

@@ -1,0 +1,216 @@
+"""RLOO's math (DESIGN §5): the leave-one-out advantages, dropped rows, and the policy-gradient loss."""
+
+import hypothesis
+from hypothesis import strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from luckystar import model
+from luckystar.train import rloo, rollouts
+
+
+def test_design_vector_k8_three_correct():
+  rewards = np.array([[1, 1, 1, 0, 0, 0, 0, 0]], np.float32)
+  advantages, used = rloo.rloo_advantages(rewards, np.ones_like(rewards, bool))
+  np.testing.assert_allclose(advantages[0, :3], 1 - 2 / 7, atol=1e-6)   # +0.714
+  np.testing.assert_allclose(advantages[0, 3:], -3 / 7, atol=1e-6)      # −0.429
+  assert np.round(float(advantages[0, 0]), 3) == 0.714 and np.round(float(advantages[0, 3]), 3) == -0.429
+  assert used.all()
+
+
+def test_dropped_rows_leave_the_baseline_and_the_loss():
+  rewards = np.array([[1, 0, 1, 1]], np.float32)
+  survived = np.array([[True, True, False, True]])
+  advantages, used = rloo.rloo_advantages(rewards, survived)
+  # survivors 1, 0, 1: baselines (0+1)/2, (1+1)/2, (1+0)/2
+  np.testing.assert_allclose(advantages, [[0.5, -1.0, 0.0, 0.5]], atol=1e-6)
+  assert used.tolist() == [[True, True, False, True]]
+
+
+def test_groups_with_fewer_than_two_survivors_contribute_nothing():
+  rewards = np.array([[1, 0, 0], [1, 1, 0]], np.float32)
+  survived = np.array([[True, False, False], [False, False, False]])
+  advantages, used = rloo.rloo_advantages(rewards, survived)
+  assert not used.any() and not np.asarray(advantages).any()
+
+
+@pytest.mark.parametrize('correct, mismatch, expected', [
+    ([1, 1, 0, 0], [0, 0, 0, 0], [0.667, 0.667, -0.667, -0.667]),
+    ([1, 1, 0, 0], [1, 0, 0, 0], [0.167, 0.833, -0.5, -0.5]),     # rewards 0.5, 1, 0, 0
+    ([1, 0, 0, 0], [0, 1, 1, 0], [1.333, -0.667, -0.667, 0.0]),   # rewards 1, −0.5, −0.5, 0
+    ([0, 0, 0, 0], [1, 1, 1, 1], [0.0, 0.0, 0.0, 0.0]),            # all −0.5: no signal
+])
+def test_language_penalty_combinations(correct, mismatch, expected):
+  rewards = np.asarray(correct, np.float32) - 0.5 * np.asarray(mismatch, np.float32)
+  advantages, _ = rloo.rloo_advantages(rewards[None], np.ones((1, 4), bool))
+  np.testing.assert_allclose(advantages[0], expected, atol=1e-3)
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(st.integers(1, 5).flatmap(lambda k: st.tuples(
+    st.lists(st.lists(st.sampled_from([-0.5, 0.0, 0.5, 1.0]), min_size=k, max_size=k), min_size=1, max_size=6),
+    st.lists(st.lists(st.booleans(), min_size=k, max_size=k), min_size=6, max_size=6))))
+def test_advantages_of_a_group_sum_to_zero(data):
+  rewards, survived = np.array(data[0], np.float32), np.array(data[1][:len(data[0])])
+  advantages, used = rloo.rloo_advantages(rewards, survived)
+  advantages, used = np.asarray(advantages), np.asarray(used)
+  np.testing.assert_allclose(advantages.sum(-1), 0.0, atol=1e-5)
+  assert not advantages[~used].any()
+  assert (used.any(-1) == (survived.sum(-1) >= 2)).all()
+  zero = np.asarray(rloo.zero_variance_groups(rewards, survived))
+  assert (zero <= ~np.abs(advantages).any(-1)).all()   # no signal ⇒ all advantages 0
+
+
+def _batch(config, rows=4, length=12, seed=0):
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(3, config.vocab_size, (rows, length)).astype(np.int32)
+  loss_mask = np.zeros((rows, length), np.int32)
+  loss_mask[:, length // 2:] = 1
+  loss_mask[1, length - 3:] = 0                                # a spliced tool result
+  return {'tokens': tokens, 'positions': np.tile(np.arange(length, dtype=np.int32), (rows, 1)),
+          'segment_ids': np.ones((rows, length), np.int32), 'loss_mask': loss_mask,
+          'advantages': np.array([1.0, -0.5, 0.25, 2.0], np.float32), 'used': np.array([1, 1, 1, 0], np.int32)}
+
+
+@pytest.fixture(scope='module')
+def tiny():
+  config = model.get('tiny', hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
+                     layer_types=(model.SLIDING, model.FULL), sliding_window=4)
+  return config, model.init(config, jax.random.key(0))
+
+
+def test_on_policy_loss_is_advantage_weighted_nll_over_generated_tokens(tiny):
+  config, params = tiny
+  batch = _batch(config)
+  logprobs, _ = rloo.token_logprobs(config, params, batch, temperature=0.7)
+  batch['old_logprobs'] = np.pad(np.asarray(logprobs), ((0, 0), (1, 0)))
+  loss, aux = rloo.loss_fn(params, batch, None, model_config=config, temperature=0.7)
+  mask = batch['loss_mask'][:, 1:] * batch['used'][:, None]
+  on_policy = -(batch['advantages'][:, None] * mask).sum() / mask.sum()    # ratio = 1 on every token
+  np.testing.assert_allclose(loss, on_policy, rtol=1e-5)
+  assert aux['tokens'] == mask.sum()
+
+  # The gradient is that of −Σ A·log π / tokens; prompt, tool and dropped-row tokens never contribute.
+  def reinforce(p):
+    lp, _ = rloo.token_logprobs(config, p, batch, temperature=0.7)
+    return -(batch['advantages'][:, None] * lp * mask).sum() / mask.sum()
+  grads = jax.grad(lambda p: rloo.loss_fn(p, batch, None, model_config=config, temperature=0.7)[0])(params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grads, jax.grad(reinforce)(params))
+  changed = dict(batch, tokens=batch['tokens'].copy())
+  changed['tokens'][3, -1] = 5                                  # a dropped row (used 0)
+  changed['tokens'][1, -1] = 5                                  # a tool-result token (mask 0) at the end
+  np.testing.assert_allclose(rloo.loss_fn(params, changed, None, model_config=config, temperature=0.7)[0], loss,
+                             rtol=1e-6)
+
+
+def test_clipping_and_kl(tiny):
+  config, params = tiny
+  batch = _batch(config)
+  logprobs, _ = rloo.token_logprobs(config, params, batch, temperature=1.0)
+  logprobs = np.asarray(logprobs)
+  shift = np.random.default_rng(1).normal(0, 0.5, logprobs.shape).astype(np.float32)
+  batch['old_logprobs'] = np.pad(logprobs + shift, ((0, 0), (1, 0)))
+  batch['ref_logprobs'] = np.pad(logprobs - shift, ((0, 0), (1, 0)))
+  loss, aux = rloo.loss_fn(params, batch, None, model_config=config, clip_epsilon=0.2, kl_beta=0.1)
+  ratio = np.exp(-shift)
+  advantages = batch['advantages'][:, None]
+  objective = np.minimum(ratio * advantages, np.clip(ratio, 0.8, 1.2) * advantages)
+  kl = np.exp(-shift) + shift - 1
+  mask = batch['loss_mask'][:, 1:] * batch['used'][:, None]
+  np.testing.assert_allclose(loss, ((-objective + 0.1 * kl) * mask).sum() / mask.sum(), rtol=1e-4)
+  np.testing.assert_allclose(aux['clip_fraction'], ((np.abs(ratio - 1) > 0.2) * mask).sum() / mask.sum(), rtol=1e-5)
+  per_sequence, _ = rloo.loss_fn(params, batch, None, model_config=config, clip_epsilon=0.2, kl_beta=0.1,
+                                 normalize='sequences')
+  rows = ((-objective + 0.1 * kl) * mask).sum(-1) / np.maximum(mask.sum(-1), 1)
+  np.testing.assert_allclose(per_sequence, rows[mask.sum(-1) > 0].mean(), rtol=1e-4)
+
+
+def _scored(example, continuation, mask, *, correct, overlong=False, reward=None):
+  from luckystar import sampling
+  from luckystar.rewards.reward import Verdict
+  from luckystar.tokenizer import AssistantTurn
+  rollout = sampling.Rollout(token_ids=np.asarray(continuation, np.int32), loss_mask=np.asarray(mask, np.int32),
+                             logprobs=-np.ones(len(continuation), np.float32),
+                             untruncated_logprobs=-np.arange(1, len(continuation) + 1, dtype=np.float32),
+                             actions=[], final_turn=AssistantTurn(response='x'),
+                             stop_reason='overlong' if overlong else 'end_of_turn')
+  verdict = Verdict(correct=correct, format_ok=True, language_mismatch=False,
+                    reward=None if overlong else (float(correct) if reward is None else reward))
+  return rollouts.Scored(example, rollout, verdict)
+
+
+def test_training_batch_aligns_prompts_rollouts_and_advantages():
+  from luckystar.data import suites
+  example = suites.load('korean_mc', 'train')[0]
+  prompts = [[2, 10, 11], [2, 12]]
+  groups = [[_scored(example, [20, 21], [1, 1], correct=True), _scored(example, [22, 23, 24], [1, 0, 1], correct=False)],
+            [_scored(example, [25], [1], correct=True), _scored(example, [26, 27], [1, 1], correct=False, overlong=True)]]
+  batch, zero_variance = rloo.training_batch(prompts, groups, length_multiple=4)
+  assert batch['tokens'].shape == (4, 8)
+  assert batch['tokens'][1].tolist() == [2, 10, 11, 22, 23, 24, 0, 0]
+  assert batch['loss_mask'][1].tolist() == [0, 0, 0, 1, 0, 1, 0, 0]
+  assert batch['segment_ids'][2].tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
+  np.testing.assert_array_equal(batch['old_logprobs'][0, 3:5], [-1, -2])
+  np.testing.assert_allclose(batch['advantages'], [1, -1, 0, 0])
+  assert batch['used'].tolist() == [1, 1, 0, 0] and zero_variance.tolist() == [False, False]
+  metrics = rloo.rollout_metrics(groups, zero_variance)
+  assert metrics['train/overlong_fraction'] == 0.25 and metrics['train/pass_rate'] == 0.5
+  assert metrics['train/reward'] == pytest.approx(2 / 3)
+
+
+def test_eval_set_follows_the_rl_mix_and_is_fixed():
+  from luckystar.data import suites
+  selected = suites.load('math', 'train')[:30] + suites.load('korean_mc', 'train')[:10]
+  heldout = suites.load('math', 'heldout') + suites.load('korean_mc', 'heldout')
+  chosen = rloo.eval_examples(selected, heldout, 20, seed=0)
+  assert chosen == rloo.eval_examples(selected, heldout, 20, seed=0) and len(chosen) == 20
+  mix = lambda examples: {key: sum(1 for e in examples if (e.task, e.language) == key) / len(examples)
+                          for key in {(e.task, e.language) for e in selected}}
+  for key, share in mix(selected).items():
+    assert abs(mix(chosen)[key] - share) <= 1 / 20 + 1e-9, key
+  assert {e.split for e in chosen} == {'heldout'}
+
+
+# ---- the stage end to end ------------------------------------------------------------------------
+
+SMOKE = 'configs/rlvr.py:smoke'
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+  """configs/rlvr.py:smoke (3 steps, a checkpoint every step) uninterrupted, and killed after step 2."""
+  import main_runs
+  return main_runs.whole_and_resumed(SMOKE, tmp_path_factory.mktemp('rlvr'), crash_after=2)
+
+
+def test_killed_and_resumed_rl_run_is_bitwise_equal_to_uninterrupted(runs):
+  import main_runs
+  from luckystar.train import metrics
+  assert runs['after_crash']['steps'] == [0, 1, 2] and 'resumed from' in runs['resume_log']
+  whole, resumed = main_runs.params(runs['whole']), main_runs.params(runs['resumed'])
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(whole), jax.tree.leaves(resumed)):
+    assert np.array_equal(np.asarray(a), np.asarray(b)), jax.tree_util.keystr(path)
+  rows_whole, rows_resumed = metrics.read(runs['whole']), metrics.read(runs['resumed'])
+  assert [r['step'] for r in rows_resumed] == [r['step'] for r in rows_whole] == [0, 1, 2, 3]
+  for a, b in zip(rows_whole, rows_resumed):   # the same rollouts and rewards, step by step
+    assert {k: v for k, v in a.items() if not k.startswith('perf/')} == \
+        {k: v for k, v in b.items() if not k.startswith('perf/')}
+  # The policy learned something: rewards varied within a group, so some update was not zero.
+  assert any(row.get('train/grad_norm', 0) > 0 for row in rows_whole)
+  for name in ('train/reward', 'train/pass_rate', 'train/zero_variance_groups', 'train/overlong_fraction',
+               'train/entropy', 'perf/rollout_tokens_per_sec'):
+    assert name in rows_whole[1], name
+  assert {'eval/correctness', 'eval/language_mismatch'} <= set(rows_whole[0]) & set(rows_whole[-1])
+
+
+def test_prompt_selection_is_cached_and_checked(runs):
+  import json
+  from luckystar import config as config_lib
+  selection = json.loads((runs['whole'] / rloo.SELECTION_FILE).read_text())
+  assert selection['kept'] and set(selection['kept']) <= set(selection['pass_rates'])
+  assert 'reusing' in runs['resume_log']
+  from luckystar.data import examples, suites
+  kept = {e.id: e for e in suites.load('korean_mc', 'train')}
+  assert not any(examples.rs_only(kept[i], 0) for i in selection['kept'])

@@ -3,7 +3,6 @@
 import hypothesis
 from hypothesis import strategies as st
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -207,7 +206,6 @@ def test_killed_and_resumed_rl_run_is_bitwise_equal_to_uninterrupted(runs):
 
 def test_prompt_selection_is_cached_and_checked(runs):
   import json
-  from luckystar import config as config_lib
   selection = json.loads((runs['whole'] / rloo.SELECTION_FILE).read_text())
   assert selection['kept'] and set(selection['kept']) <= set(selection['pass_rates'])
   assert 'reusing' in runs['resume_log']

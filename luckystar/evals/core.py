@@ -85,7 +85,8 @@ def run_examples(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, e
   return results
 
 
-def _mean(values) -> float:
+def mean(values) -> float:
+  """The mean of `values`, NaN for none."""
   values = list(values)
   return float(np.mean(values)) if values else float('nan')
 
@@ -94,27 +95,32 @@ def summarize(results: Sequence[tuple[Example, Any, reward.Verdict]], mode: str)
   metrics = {}
   prefix = f'eval/{mode}'
   scored = [(e, r, v) for e, r, v in results if v.correct is not None]
-  metrics[f'{prefix}/correctness'] = _mean(v.correct for _, _, v in scored)
+  metrics[f'{prefix}/correctness'] = mean(v.correct for _, _, v in scored)
   groups = collections.defaultdict(list)
   for example, _, verdict in scored:
     for key in (example.task, example.language, f'{example.task}/{example.language}'):
       groups[key].append(verdict.correct)
-  metrics.update({f'{prefix}/correctness/{key}': _mean(values) for key, values in sorted(groups.items())})
-  korean = [v.language_mismatch for e, r, v in results  # Korean prompts with a parsable response
-            if reward.prompt_language(e.prompt) == 'ko' and language.detect(r.final_turn.response or '')]
-  metrics[f'{prefix}/language_mismatch'] = _mean(korean)
-  metrics[f'{prefix}/response_length'] = _mean(int(np.sum(r.loss_mask)) for _, r, _ in results)
-  metrics[f'{prefix}/thinking_rate'] = _mean(r.final_turn.thinking is not None for _, r, _ in results)
-  metrics[f'{prefix}/format_ok'] = _mean(v.format_ok for _, _, v in results)
+  metrics.update({f'{prefix}/correctness/{key}': mean(values) for key, values in sorted(groups.items())})
+  metrics[f'{prefix}/language_mismatch'] = korean_mismatch_rate(results)
+  metrics[f'{prefix}/response_length'] = mean(int(np.sum(r.loss_mask)) for _, r, _ in results)
+  metrics[f'{prefix}/thinking_rate'] = mean(r.final_turn.thinking is not None for _, r, _ in results)
+  metrics[f'{prefix}/format_ok'] = mean(v.format_ok for _, _, v in results)
   metrics[f'{prefix}/unscorable'] = float(len(results) - len(scored))
   if mode == 'reasoning':
     hybrid = collections.defaultdict(list)
     for example, rollout, verdict in results:
       if example.task in HYBRID_TASKS:
         hybrid[example.language].append(hybrid_format_ok(rollout.final_turn, verdict))
-    metrics[f'{prefix}/hybrid_format'] = _mean(ok for values in hybrid.values() for ok in values)
-    metrics.update({f'{prefix}/hybrid_format/{lang}': _mean(values) for lang, values in sorted(hybrid.items())})
+    metrics[f'{prefix}/hybrid_format'] = mean(ok for values in hybrid.values() for ok in values)
+    metrics.update({f'{prefix}/hybrid_format/{lang}': mean(values) for lang, values in sorted(hybrid.items())})
   return metrics
+
+
+def korean_mismatch_rate(results: Sequence[tuple[Example, Any, reward.Verdict]]) -> float:
+  """The paper's Table 2 figure: among Korean prompts with a parsable response, the fraction whose
+  response is not Korean (NaN when there is none)."""
+  return mean([v.language_mismatch for e, r, v in results
+               if reward.prompt_language(e.prompt) == 'ko' and language.detect(r.final_turn.response or '')])
 
 
 def hybrid_format_ok(turn: Any, verdict: reward.Verdict) -> bool:

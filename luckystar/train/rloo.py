@@ -16,7 +16,6 @@ held-out eval set with the same task/language mix, then the shared training loop
 drawn by the current policy at every step.
 """
 
-import dataclasses
 import functools
 import json
 import pathlib
@@ -32,14 +31,11 @@ import tqdm
 
 from luckystar import config as config_lib
 from luckystar import model
-from luckystar import sampling
 from luckystar import tokenizer as tokenizer_lib
-from luckystar.data import conversations, pipeline, suites
+from luckystar.data import pipeline, suites
 from luckystar.data.examples import Example, rs_only
 from luckystar.evals import core as evals_core
 from luckystar.model import sharding
-from luckystar.rewards import language
-from luckystar.rewards import reward as reward_lib
 from luckystar.tokenizer import Tokenizer
 from luckystar.train import loop, optim, rollouts
 from luckystar.train import state as state_lib
@@ -162,14 +158,13 @@ def rollout_metrics(groups: Sequence[Sequence[rollouts.Scored]], zero_variance: 
   """DESIGN §8's RL batch figures: reward, correctness, pass rate, Korean→English mismatch, response
   length, overlong fraction, zero-variance groups, unscorable rollouts."""
   flat = [s for group in groups for s in group]
-  korean = [s.verdict.language_mismatch for s in flat
-            if reward_lib.prompt_language(s.example.prompt) == 'ko' and language.detect(s.rollout.final_turn.response)]
-  mean = lambda values: float(np.mean(values)) if len(values) else float('nan')
+  mean = evals_core.mean
   return {
       f'{prefix}/reward': mean([s.verdict.reward for s in flat if s.survived]),
       f'{prefix}/correctness': mean([bool(s.verdict.correct) for s in flat]),
       f'{prefix}/pass_rate': mean([mean([bool(s.verdict.correct) for s in group]) for group in groups]),
-      f'{prefix}/language_mismatch': mean(korean),
+      f'{prefix}/language_mismatch': evals_core.korean_mismatch_rate([(s.example, s.rollout, s.verdict)
+                                                                      for s in flat]),
       f'{prefix}/response_length': mean([int(s.rollout.loss_mask.sum()) for s in flat]),
       f'{prefix}/overlong_fraction': mean([s.rollout.overlong for s in flat]),
       f'{prefix}/zero_variance_groups': mean(zero_variance),

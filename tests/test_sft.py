@@ -92,6 +92,23 @@ def test_packed_loss_equals_documents_alone(micro_loss):
   np.testing.assert_allclose(float(packed['loss']), float(alone['loss']), rtol=1e-5)
 
 
+def test_score_columns_give_the_same_loss_and_gradient():
+  """`with_score_columns` projects onto the vocabulary only at trained columns; loss, accuracy, count
+  and gradient are those of the full projection (padding columns -1 never count)."""
+  params = host_params(MICRO, 0)
+  batch = _random_batch(4, 16, seed=5)
+  scored = sft.with_score_columns(batch, multiple=4)
+  assert scored['score_columns'].shape[1] % 4 == 0 and (scored['score_columns'] == -1).any()
+  grad = jax.jit(jax.value_and_grad(lambda p, b: sft.loss_fn(p, b, None, model_config=MICRO), has_aux=True))
+  (full, full_aux), full_grads = grad(params, batch)
+  (fast, fast_aux), fast_grads = grad(params, scored)
+  np.testing.assert_allclose(float(fast), float(full), rtol=1e-6)
+  assert float(fast_aux['tokens']) == float(full_aux['tokens'])
+  np.testing.assert_allclose(float(fast_aux['accuracy']), float(full_aux['accuracy']), rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(fast_grads), jax.tree.leaves(full_grads)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+
+
 def _random_batch(rows, length, seed):
   """Rows of two random documents each, with random loss masks."""
   rng = np.random.default_rng(seed)

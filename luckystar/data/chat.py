@@ -5,12 +5,16 @@ words. A response is correct when it contains the reference answer.
 
 Each fact is asked in several phrasings, and splits go by the prompt text, so a
 held-out question asks a fact the train split teaches in other words — what an
-evaluation of a post-trained model's knowledge looks like.
+evaluation of a post-trained model's knowledge looks like. Knowledge kinds are
+drawn far more often than arithmetic (`_DRAWS`): sums alone would otherwise
+yield most distinct prompts after deduplication, and the suite would measure
+two-digit addition rather than recall. `meta['kind']` names the kind.
 """
 
 import random
 from typing import Iterator
 
+from luckystar.data import korean
 from luckystar.data.examples import Example, dedupe, split_of
 
 CAPITALS = (('France', 'Paris', '프랑스', '파리'), ('Japan', 'Tokyo', '일본', '도쿄'), ('Korea', 'Seoul', '한국', '서울'),
@@ -22,6 +26,22 @@ CAPITALS = (('France', 'Paris', '프랑스', '파리'), ('Japan', 'Tokyo', '일�
             ('England', 'London', '영국', '런던'), ('Mexico', 'Mexico City', '멕시코', '멕시코시티'))
 DAYS = (('Monday', '월요일'), ('Tuesday', '화요일'), ('Wednesday', '수요일'), ('Thursday', '목요일'),
         ('Friday', '금요일'), ('Saturday', '토요일'), ('Sunday', '일요일'))
+# Country → (language, continent), English and Korean; countries of CAPITALS with one clear answer.
+COUNTRY_FACTS = (('France', '프랑스', 'French', '프랑스어', 'Europe', '유럽'),
+                 ('Japan', '일본', 'Japanese', '일본어', 'Asia', '아시아'),
+                 ('Korea', '한국', 'Korean', '한국어', 'Asia', '아시아'),
+                 ('Germany', '독일', 'German', '독일어', 'Europe', '유럽'),
+                 ('Italy', '이탈리아', 'Italian', '이탈리아어', 'Europe', '유럽'),
+                 ('Spain', '스페인', 'Spanish', '스페인어', 'Europe', '유럽'),
+                 ('Egypt', '이집트', 'Arabic', '아랍어', 'Africa', '아프리카'),
+                 ('Thailand', '태국', 'Thai', '태국어', 'Asia', '아시아'),
+                 ('Vietnam', '베트남', 'Vietnamese', '베트남어', 'Asia', '아시아'),
+                 ('China', '중국', 'Chinese', '중국어', 'Asia', '아시아'),
+                 ('England', '영국', 'English', '영어', 'Europe', '유럽'),
+                 ('Mexico', '멕시코', 'Spanish', '스페인어', 'North America', '북아메리카'),
+                 ('Australia', '호주', 'English', '영어', 'Oceania', '오세아니아'))
+MONTHS = ('January', 'February', 'March', 'April', 'May', 'June', 'July', 'August', 'September', 'October',
+          'November', 'December')
 OPPOSITES = (('hot', 'cold', '뜨겁다', '차갑다'), ('big', 'small', '크다', '작다'), ('fast', 'slow', '빠르다', '느리다'),
              ('high', 'low', '높다', '낮다'), ('long', 'short', '길다', '짧다'), ('light', 'heavy', '가볍다', '무겁다'))
 
@@ -53,6 +73,33 @@ def _opposite(rng):
           opposite_ko, f'"{opposite_ko}"입니다.')
 
 
+def _language(rng):
+  en, ko, language, language_ko, _, _ = rng.choice(COUNTRY_FACTS)
+  return (rng.choice((f'What language is spoken in {en}?', f'Which language do people in {en} speak?',
+                      f'What is the main language of {en}?')), language, f'{language}.',
+          rng.choice((f'{ko}에서는 어떤 언어를 쓰나요?', f'{ko} 사람들은 무슨 언어로 말하나요?', f'{ko}의 주요 언어는?')),
+          language_ko, f'{language_ko}입니다.')
+
+
+def _continent(rng):
+  en, ko, _, _, continent, continent_ko = rng.choice(COUNTRY_FACTS)
+  return (rng.choice((f'Which continent is {en} in?', f'On what continent is {en}?',
+                      f'{en} is part of which continent?')), continent, f'{continent}.',
+          rng.choice((f'{korean.attach(ko, "topic")} 어느 대륙에 있나요?', f'{korean.attach(ko, "subject")} 속한 대륙은?',
+                      f'{korean.attach(ko, "topic")} 무슨 대륙의 나라인가요?')),
+          continent_ko, f'{continent_ko}입니다.')
+
+
+def _next_month(rng):
+  i = rng.randrange(12)
+  month, following = MONTHS[i], MONTHS[(i + 1) % 12]
+  month_ko, following_ko = f'{i + 1}월', f'{(i + 1) % 12 + 1}월'
+  return (rng.choice((f'Which month comes after {month}?', f'What month follows {month}?',
+                      f'If this month is {month}, what is next month?')), following, f'{following}.',
+          rng.choice((f'{month_ko} 다음 달은 몇 월인가요?', f'{month_ko} 다음에 오는 달은?',
+                      f'이번 달이 {month_ko}이면 다음 달은?')), following_ko, f'{following_ko}입니다.')
+
+
 def _minutes(rng):
   hours = rng.randint(2, 48)
   minutes = str(hours * 60)
@@ -67,13 +114,17 @@ def _sum(rng):
           rng.choice((f'{a} 더하기 {b}는 얼마인가요?', f'{a}와 {b}를 더하면?')), str(a + b), f'{a + b}입니다.')
 
 
-_DRAWS = (_capital, _next_day, _opposite, _minutes, _sum)
+# (kind, weight): each knowledge kind has at most a few dozen distinct prompts, which dedupe keeps;
+# arithmetic has thousands, so it is drawn rarely to stay a small share of the suite.
+_DRAWS = ((_capital, 1.0), (_language, 1.0), (_continent, 1.0), (_next_month, 1.0), (_next_day, 1.0),
+          (_opposite, 1.0), (_minutes, 0.3), (_sum, 0.3))
 
 
 def generate(seed: int = 0, count: int = 1500) -> Iterator[Example]:
   rng = random.Random(f'chat:{seed}')
+  draws, weights = zip(*_DRAWS)
   for _ in range(count):
-    draw = rng.choice(_DRAWS)
+    draw, = rng.choices(draws, weights)
     en, en_answer, en_response, ko, ko_answer, ko_response = draw(rng)
     split = split_of(en, seed)
     for language, prompt, answer, response in (('en', en, en_answer, en_response), ('ko', ko, ko_answer, ko_response)):

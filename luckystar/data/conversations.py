@@ -22,11 +22,12 @@ from luckystar.tools import sql as sql_tool
 # SFT mixture defaults: 80% reasoning-mode conversations, 20% concise (paper §2.1).
 DEFAULT_WEIGHTS = {'reasoning': 0.8, 'concise': 0.2}
 REASONING_TASKS = ('math', 'function_calling', 'korean_mc', 'chat')
-CONCISE_TASKS = ('chat', 'korean_mc', 'math')
+CONCISE_TASKS = ('chat', 'korean_mc', 'math', 'function_calling')  # concise tool use: the action alone
 # `tiny-base` (the stand-in for an already post-trained chat model, DESIGN §7): concise-mode
 # conversations per task, and plain bilingual text with loss on every token.
 BASE_WEIGHTS = {'chat': 0.35, 'korean_mc': 0.45, 'math': 0.1, 'text': 0.1}
 BASE_TEXT_LINES = 20_000
+BASE_KOREAN_MC_DRAWS = 6000
 
 
 def _action(example: Example) -> str:
@@ -106,11 +107,16 @@ def base_sources(tokenizer: Tokenizer, *, seed: int = 0, split: str = 'train', t
                  ) -> tuple[dict[str, list], dict[str, float]]:
   """`tiny-base`'s mixture: ({'chat', 'korean_mc', 'math': concise-mode conversations, 'text': plain
   documents}, BASE_WEIGHTS). No reasoning mode, no tools: the agent tasks stay unlearned (the paper's
-  cold start). Text lines are `corpus.template_text` (Faker's Korean/English data in templates),
+  cold start). Korean MC draws BASE_KOREAN_MC_DRAWS questions (new option orders of the split's
+  sentences). Text lines are `corpus.template_text` (Faker's Korean/English data in templates),
   split by the same hash rule as the suites."""
-  from luckystar.data import corpus, suites  # suites build databases; corpus needs Faker
+  from luckystar.data import corpus, korean_mc, suites  # suites build databases; corpus needs Faker
   sources = {task: [render_example(tokenizer, e, 'concise') for e in suites.load(task, split, seed=seed)]
-             for task in ('chat', 'korean_mc', 'math')}
+             for task in ('chat', 'math')}
+  # Korean MC: more option orders of the same split's sentences (the suite's own examples come first),
+  # so the letter must be read from the options rather than remembered per prompt.
+  sources['korean_mc'] = [render_example(tokenizer, e, 'concise')
+                          for e in korean_mc.suite(seed, count=BASE_KOREAN_MC_DRAWS) if e.split == split]
   sources['text'] = [text_document(tokenizer, line) for line in corpus.template_text(seed, text_lines)
                      if split_of(line, seed) == split]
   return sources, dict(BASE_WEIGHTS)

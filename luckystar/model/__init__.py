@@ -46,9 +46,9 @@ def init_sharded(config: ModelConfig, rng: jax.Array, mesh: jax.sharding.Mesh) -
 
 
 def apply(config: ModelConfig, params: Any, tokens: jax.Array, positions: jax.Array | None = None,
-          segment_ids: jax.Array | None = None) -> jax.Array:
-  """Pure forward pass: tokens [B, T] → logits [B, T, V] float32."""
-  return Decoder(config).apply({'params': params}, tokens, positions, segment_ids)
+          segment_ids: jax.Array | None = None, logit_columns: jax.Array | None = None) -> jax.Array:
+  """Pure forward pass: tokens [B, T] → logits [B, T, V] float32, or [B, M, V] at `logit_columns` [B, M]."""
+  return Decoder(config).apply({'params': params}, tokens, positions, segment_ids, logit_columns=logit_columns)
 
 
 # ---- KV-cache decoding (the layout is described in model/cohere2.py's docstring) ----

@@ -299,13 +299,15 @@ class Decoder(nn.Module):
 
   With `cache` (see `init_cache`): tokens are the next T columns of every row, positions and
   masks come from the cache, and the call returns (logits, updated cache). `last_only` keeps
-  only the last column's logits ([B, 1, V]), all a sampler needs after a prefill.
+  only the last column's logits ([B, 1, V]), all a sampler needs after a prefill. Without a cache,
+  `logit_columns` [B, M] int returns logits at those columns only ([B, M, V]): a loss that scores a
+  few positions skips most of the vocabulary projection (a large share of a small model's FLOPs).
   """
   config: ModelConfig
 
   @nn.compact
   def __call__(self, tokens: Array, positions: Array | None = None, segment_ids: Array | None = None,
-               cache: dict[str, Any] | None = None, last_only: bool = False):
+               cache: dict[str, Any] | None = None, last_only: bool = False, logit_columns: Array | None = None):
     cfg = self.config
     if cache is not None:
       if positions is not None or segment_ids is not None:
@@ -327,6 +329,8 @@ class Decoder(nn.Module):
                       in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_layers // cfg.layer_period,
                       metadata_params={nn.PARTITION_NAME: 'layers'})
     x, _ = scanned(cfg, name='layers')(x, positions, masks)
+    if logit_columns is not None:  # [B, M]: the vocabulary projection only where a loss needs it
+      x = jnp.take_along_axis(x, logit_columns[..., None], axis=1)
     return self._logits(x, embedding)
 
   def _embedding(self) -> Array:

@@ -25,13 +25,13 @@ from luckystar import config as config_lib
 def get_config(arg=None):
   config = config_lib.base('sft')
   config.init_from = 'tiny-base'      # or 'random:<size>' for a random init of a named size
-  config.total_steps = 800
+  config.total_steps = 1200
   config.batch_size = 8                # global rows per step (all processes together)
   config.learning_rate = 1e-3          # peak; linear warmup, then cosine to 0 at total_steps
   config.warmup_steps = 40
   config.weight_decay = 0.1            # not on LayerNorm weights
   config.log_every = 10
-  config.eval_every = 400
+  config.eval_every = 600
   config.checkpoint_every = 100
   config.sft.data = 'conversations'    # or 'synthetic' (a tiny learnable task, no tokenizer)
   config.sft.seq_len = 512

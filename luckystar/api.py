@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from luckystar import model as model_lib
+from luckystar import quant
 from luckystar import sampling
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.interop import hf
@@ -79,10 +80,38 @@ class Model:
     generations = [self._generation(r) for r in rollouts]
     return generations[0] if single else generations
 
-  def save_hf(self, path: str | os.PathLike, *, dtype: str = 'float32') -> None:
-    """A transformers Cohere2 directory (config, safetensors in `dtype`, our tokenizer.model and a
-    generation config); `luckystar.load(path)` reads it back."""
-    hf.save_hf(path, self.config, self.params, dtype=dtype, tokenizer=self.tokenizer)
+  def quantize(self, *, group_size: int = 128, scale_dtype: str = 'bfloat16', bits: int = 4) -> 'Model':
+    """This model with int weights (AQT CONVERT → SERVE, luckystar/quant): symmetric, weight-only, one
+    scale per `group_size` input features (0: per output channel), scales rounded to `scale_dtype`
+    (the export dtype). `logits`, `generate` and `save_hf` run from the int values; the embedding
+    stays float."""
+    config, params = quant.convert(self.config, self.params, bits=bits, group_size=group_size,
+                                   scale_dtype=scale_dtype)
+    return Model(config, params, self.tokenizer)
+
+  def save_hf(self, path: str | os.PathLike, *, dtype: str = 'float32', quantization: str | None = None,
+              group_size: int = 128) -> None:
+    """A transformers Cohere2 directory (config, safetensors in `dtype`; with a tokenizer, also
+    tokenizer.model, tokenizer.json + tokenizer_config.json carrying our chat template, so
+    `AutoTokenizer` encodes and `apply_chat_template(messages, mode=...)` renders as we do, and a
+    generation config); `luckystar.load(path)` reads it back.
+
+    quantization='int4': compressed-tensors pack-quantized (W4A16) Linears, which transformers (with
+    compressed-tensors) and vLLM load. A float model is quantized first (`quantize(group_size=...,
+    scale_dtype=dtype)`); an already quantized one (`quantize()`, or loaded from an int4 directory) is
+    written from its own int values and scales, bit for bit. A quantization-aware (TRAIN mode) model
+    converts with its own settings.
+    """
+    config, params = self.config, self.params
+    if quantization not in (None, 'int4'):
+      raise ValueError(f'quantization must be None or "int4", got {quantization!r}')
+    if quantization is None and quant.is_served(config):
+      raise ValueError('this model is quantized; save it with quantization="int4" (its int values and scales)')
+    if quantization is None:
+      config = config.replace(quant=None)   # a quantization-aware (TRAIN mode) model's float kernels
+    elif not quant.is_served(config):
+      config, params = quant.convert(config, params, group_size=group_size, scale_dtype=dtype)
+    hf.save_hf(path, config, params, dtype=dtype, tokenizer=self.tokenizer)
 
   def _generation(self, rollout: sampling.Rollout) -> Generation:
     turn = rollout.final_turn
@@ -120,7 +149,8 @@ def _dir_tokenizer(path: pathlib.Path) -> tokenizer_lib.Tokenizer | None:
 
 def load(name_or_path: str | pathlib.Path, **config_overrides: Any) -> Model:
   """A bundled model name (`tiny-sft`, ...), a luckystar run/checkpoint directory (its latest
-  checkpoint's params), or a transformers Cohere2/Cohere directory.
+  checkpoint's params), or a transformers Cohere2/Cohere directory, float or int4 (compressed-tensors
+  pack-quantized, as `Model.save_hf(..., quantization="int4")` writes it: served from its int values).
 
   `config_overrides` replace ModelConfig fields, e.g. `param_dtype='bfloat16', dtype='bfloat16'`;
   params are cast to the resulting `param_dtype`.
@@ -143,5 +173,6 @@ def load(name_or_path: str | pathlib.Path, **config_overrides: Any) -> Model:
   else:
     raise ValueError(f'{path}: not a model directory luckystar can read (expected a transformers '
                      f'Cohere2/Cohere directory with config.json and safetensors, or a luckystar run directory)')
-  params = jax.tree.map(lambda x: jnp.asarray(np.asarray(x), config.param_dtype), params)
+  # Int4 checkpoints keep their int values and scales as they are; everything else is param_dtype.
+  params = quant.cast_float_params(params, config.param_dtype)
   return Model(config, params, tokenizer)

@@ -12,6 +12,18 @@ matmuls timed in this process. Model FLOPs per step = 6 · params · tokens (tie
 LM head is counted once, the lookup is free) + attention: 12 · layers · hidden · keys per query
 (fwd+bwd of QKᵀ and PV), keys = causal mean (T+1)/2 on full layers, min(window, ...) on sliding ones.
 Goals (DESIGN §9): ≥ 1.5× the torch step's tokens/s on `bench`, ≥ 40% MFU on `small`.
+
+    python experiments/benchmarks/sft_step.py --sizes=bench --breakdown   # where the step's time goes
+
+--breakdown adds, per size, a table of the step's parts timed alone on the same batch (median of
+--steps after --warmup): forward + loss (ours: jitted `sft.loss_fn`; torch: the model with labels
+under no_grad), forward + backward (jitted `jax.value_and_grad`; `loss.backward()`), the full update
+step (the rows above), and the vocabulary projection alone: a [B·T, hidden] × [vocab, hidden]ᵀ
+matmul + mean token cross-entropy on random inputs, forward, and forward + backward (gradients of
+both operands). Columns: seconds of each side, torch s / ours s (> 1: ours is faster), each part's
+share of its side's full step, and achieved GFLOP/s of each side (model FLOPs: a third of the step's
+for the forward, the step's for forward + backward; 2·B·T·hidden·vocab for the projection's
+forward, 3× that with the backward).
 """
 
 import argparse
@@ -23,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 
 from luckystar import model
 from luckystar.interop import hf
@@ -49,6 +62,13 @@ def _timed(fn) -> float:
   start = time.perf_counter()
   fn()
   return time.perf_counter() - start
+
+
+def _median_seconds(fn, steps: int, warmup: int) -> float:
+  """Median wall time of fn() (which must block until its work is done) over `steps` after `warmup` calls."""
+  for _ in range(warmup):
+    fn()
+  return float(np.median([_timed(fn) for _ in range(steps)]))
 
 
 def attended_keys(config: model.ModelConfig, length: int) -> float:
@@ -92,7 +112,8 @@ def ours_step_seconds(config: model.ModelConfig, batch: dict[str, np.ndarray], s
   return float(np.median(times))
 
 
-def torch_step_seconds(config: model.ModelConfig, batch: dict[str, np.ndarray], steps: int, warmup: int) -> float:
+def torch_peer(config: model.ModelConfig):
+  """A transformers Cohere2ForCausalLM of config's shape in train mode and its torch AdamW (seed 0)."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   torch.manual_seed(0)
@@ -102,6 +123,12 @@ def torch_step_seconds(config: model.ModelConfig, batch: dict[str, np.ndarray], 
   peer = transformers.Cohere2ForCausalLM(hf_config).train()
   optimizer = torch.optim.AdamW(peer.parameters(), lr=OPTIMIZER['learning_rate'], betas=(0.9, 0.95),
                                 weight_decay=OPTIMIZER['weight_decay'])
+  return peer, optimizer
+
+
+def torch_step_seconds(config: model.ModelConfig, batch: dict[str, np.ndarray], steps: int, warmup: int) -> float:
+  import torch  # pylint: disable=g-import-not-at-top
+  peer, optimizer = torch_peer(config)
   input_ids = torch.from_numpy(batch['tokens']).long()
 
   def step():
@@ -111,9 +138,117 @@ def torch_step_seconds(config: model.ModelConfig, batch: dict[str, np.ndarray], 
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
-  for _ in range(warmup):
-    step()
-  return float(np.median([_timed(step) for _ in range(steps)]))
+  return _median_seconds(step, steps, warmup)
+
+
+# ---- --breakdown: the step's parts timed alone ------------------------------------------------------
+
+
+def ours_part_seconds(config: model.ModelConfig, batch: dict[str, np.ndarray], steps: int, warmup: int
+                      ) -> dict[str, float]:
+  """Seconds of our forward + loss and forward + backward (the step's gradient, unsharded, no optimizer)."""
+  params = model.init(config, jax.random.key(0))
+  device_batch = jax.device_put({k: jnp.asarray(v) for k, v in batch.items()})
+  loss = functools.partial(sft.loss_fn, rng=None, model_config=config)
+  forward = jax.jit(loss)
+  forward_backward = jax.jit(jax.value_and_grad(loss, has_aux=True))
+  return {'forward + loss': _median_seconds(lambda: jax.block_until_ready(forward(params, device_batch)),
+                                            steps, warmup),
+          'forward + backward': _median_seconds(
+              lambda: jax.block_until_ready(forward_backward(params, device_batch)), steps, warmup)}
+
+
+def torch_part_seconds(config: model.ModelConfig, batch: dict[str, np.ndarray], steps: int, warmup: int
+                       ) -> dict[str, float]:
+  """The same parts of the torch peer: forward with labels under no_grad, and forward + backward."""
+  import torch  # pylint: disable=g-import-not-at-top
+  peer, _ = torch_peer(config)
+  input_ids = torch.from_numpy(batch['tokens']).long()
+
+  def forward():
+    with torch.no_grad():
+      peer(input_ids=input_ids, labels=input_ids)
+
+  def forward_backward():
+    peer(input_ids=input_ids, labels=input_ids).loss.backward()
+    peer.zero_grad(set_to_none=True)  # as the step does, so backward never accumulates
+
+  return {'forward + loss': _median_seconds(forward, steps, warmup),
+          'forward + backward': _median_seconds(forward_backward, steps, warmup)}
+
+
+def vocab_projection_flops(config: model.ModelConfig, tokens: int) -> float:
+  """Forward FLOPs of the LM head: [tokens, hidden] × [vocab, hidden]ᵀ."""
+  return 2 * tokens * config.hidden_size * config.vocab_size
+
+
+def ours_vocab_seconds(config: model.ModelConfig, tokens: int, steps: int, warmup: int) -> dict[str, float]:
+  """Our LM head alone as the model computes it (fp32 accumulation, logit_scale) + optax's cross-entropy."""
+  hidden_key, embedding_key = jax.random.split(jax.random.key(0))
+  hidden = jax.random.normal(hidden_key, (tokens, config.hidden_size), config.dtype)          # [N, hidden]
+  embedding = jax.random.normal(embedding_key, (config.vocab_size, config.hidden_size), config.param_dtype)
+  targets = jnp.asarray(np.random.default_rng(0).integers(0, config.vocab_size, tokens), jnp.int32)  # [N]
+
+  def loss(hidden, embedding):
+    logits = jnp.einsum('te,ve->tv', hidden, embedding.astype(config.dtype), preferred_element_type=jnp.float32)
+    return optax.softmax_cross_entropy_with_integer_labels(logits * config.logit_scale, targets).mean()
+
+  forward = jax.jit(loss)
+  forward_backward = jax.jit(jax.grad(loss, argnums=(0, 1)))
+  return {'vocab proj fwd': _median_seconds(lambda: forward(hidden, embedding).block_until_ready(), steps, warmup),
+          'vocab proj fwd+bwd': _median_seconds(
+              lambda: jax.block_until_ready(forward_backward(hidden, embedding)), steps, warmup)}
+
+
+def torch_vocab_seconds(config: model.ModelConfig, tokens: int, steps: int, warmup: int) -> dict[str, float]:
+  """The torch peer's LM head alone: matmul + F.cross_entropy, fp32."""
+  import torch  # pylint: disable=g-import-not-at-top
+  generator = torch.Generator().manual_seed(0)
+  hidden = torch.randn(tokens, config.hidden_size, generator=generator, requires_grad=True)       # [N, hidden]
+  embedding = torch.randn(config.vocab_size, config.hidden_size, generator=generator, requires_grad=True)
+  targets = torch.randint(0, config.vocab_size, (tokens,), generator=generator)                   # [N]
+
+  def loss():
+    return torch.nn.functional.cross_entropy((hidden @ embedding.T) * config.logit_scale, targets)
+
+  def forward():
+    with torch.no_grad():
+      loss()
+
+  return {'vocab proj fwd': _median_seconds(forward, steps, warmup),
+          'vocab proj fwd+bwd': _median_seconds(lambda: torch.autograd.grad(loss(), (hidden, embedding)),
+                                                steps, warmup)}
+
+
+def print_breakdown(config: model.ModelConfig, batch: dict[str, np.ndarray], full_step: dict[str, float],
+                    steps: int, warmup: int):
+  """The table of --breakdown for one size; full_step: seconds of each side's update step (timed above)."""
+  tokens = batch['tokens'].size
+  step_flops = train_flops_per_step(config, *batch['tokens'].shape)
+  head_flops = vocab_projection_flops(config, tokens)
+  flops = {'forward + loss': step_flops / 3, 'forward + backward': step_flops, 'full step': step_flops,
+           'vocab proj fwd': head_flops, 'vocab proj fwd+bwd': 3 * head_flops}
+  parts = {'ours': {**ours_part_seconds(config, batch, steps, warmup), 'full step': full_step['ours'],
+                    **ours_vocab_seconds(config, tokens, steps, warmup)}}
+  if 'torch' in full_step:
+    parts['torch'] = {**torch_part_seconds(config, batch, steps, warmup), 'full step': full_step['torch'],
+                      **torch_vocab_seconds(config, tokens, steps, warmup)}
+  print(f'\n  breakdown, {batch["tokens"].shape[0]} × {batch["tokens"].shape[1]} tokens (median of {steps}); '
+        'speedup = torch s / ours s; share = part s / that side\'s full step s')
+  print(f'  {"part":<19} {"ours s":>8} {"torch s":>8} {"speedup":>8} {"ours share":>10} {"torch share":>11} '
+        f'{"ours GFLOP/s":>12} {"torch GFLOP/s":>13}')
+  for part, part_flops in flops.items():
+    cells = {impl: (seconds[part], seconds[part] / seconds['full step'], part_flops / seconds[part] / 1e9)
+             for impl, seconds in parts.items()}
+    ours_s, ours_share, ours_rate = cells['ours']
+    if 'torch' in cells:
+      torch_s, torch_share, torch_rate = cells['torch']
+      torch_cells = f'{torch_s:>8.4f} {torch_s / ours_s:>7.2f}× {ours_share:>10.1%} {torch_share:>11.1%}'
+      rates = f'{ours_rate:>12.1f} {torch_rate:>13.1f}'
+    else:
+      torch_cells = f'{"-":>8} {"-":>8} {ours_share:>10.1%} {"-":>11}'
+      rates = f'{ours_rate:>12.1f} {"-":>13}'
+    print(f'  {part:<19} {ours_s:>8.4f} {torch_cells} {rates}')
 
 
 def main():
@@ -124,6 +259,8 @@ def main():
   parser.add_argument('--steps', type=int, default=5, help='timed steps (median reported)')
   parser.add_argument('--warmup', type=int, default=2)
   parser.add_argument('--no_torch', action='store_true', help='skip the torch peer')
+  parser.add_argument('--breakdown', action='store_true',
+                      help="also time the step's parts alone (forward, backward, vocab projection); see the docstring")
   args = parser.parse_args()
 
   peak = matmul_peak_flops()
@@ -143,6 +280,9 @@ def main():
             f'{flops / seconds / peak:>6.1%}')
     if 'torch' in results:
       print(f'{size:<7} ours / torch tokens/s: {results["torch"] / results["ours"]:.2f}×')
+    if args.breakdown:
+      print_breakdown(config, batch, results, args.steps, args.warmup)
+      print()
   print('\nGoals: ≥ 1.5× torch on bench; ≥ 40% MFU on small (DESIGN §9). A shared CPU lowers every figure.')
 
 

@@ -2,7 +2,10 @@
 
 One table (`_LAYER_TENSORS`) says how each HF tensor maps to our scanned param
 tree; both directions use it. PyTorch Linear weights are [out, in]; our kernels
-are [in, ...out] with heads split out.
+are [in, ...out] with heads split out. An int4-served model (`ModelConfig.quant`
+in mode 'serve', see luckystar/quant) maps each Linear to compressed-tensors'
+`weight_packed` / `weight_scale` / `weight_shape` instead of `weight`
+(luckystar/quant/compressed.py), with `quantization_config` in config.json.
 """
 
 import json
@@ -13,14 +16,19 @@ import tempfile
 from typing import Any
 
 import jax
+import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from luckystar.interop import hf_tokenizer
 from luckystar.model.config import FULL, SLIDING, ModelConfig, pattern_layer_types
+from luckystar.quant import compressed
+from luckystar.quant.quantize import AQT_NAME, is_served
 from luckystar.tokenizer import Tokenizer
 
 MODEL_TYPES = ('cohere2', 'cohere')
+_PACKED_SUFFIXES = ('weight_packed', 'weight_scale', 'weight_shape')  # compressed-tensors, per quantized Linear
 
 # (HF name inside `model.layers.{i}.`, our path inside the layer, kind) — kind says how to reshape.
 _LAYER_TENSORS = (
@@ -90,6 +98,11 @@ def config_to_hf(config: ModelConfig, dtype: str = 'float32') -> dict[str, Any]:
       logit_scale=config.logit_scale, max_position_embeddings=config.max_position_embeddings,
       rope_parameters={'rope_type': 'default', 'rope_theta': config.rope_theta}, attention_bias=False,
       tie_word_embeddings=True, dtype=dtype)
+  if config.quant is not None:
+    if not is_served(config):
+      raise ValueError(f'config.quant is in mode {config.quant.mode!r}; export a float model or a converted '
+                       f'("serve") one (luckystar.quant.convert)')
+    common['quantization_config'] = compressed.quantization_config(config.quant)
   if config.rope_on_full_layers:
     if SLIDING in config.layer_types:
       raise ValueError('Cohere v1 (RoPE on full layers) has no sliding-window layers')
@@ -134,15 +147,25 @@ def params_from_hf(tensors: dict[str, np.ndarray], config: ModelConfig, path: st
   for i in range(period):
     layer = {}
     for hf_name, ours, kind in _layer_tensors(config):
-      names = [f'model.layers.{g * period + i}.{hf_name}' for g in range(groups)]
-      expected.update(names)
-      if missing := [n for n in names if n not in tensors]:
-        raise ValueError(f'{path}: missing tensor {missing[0]}')
-      stacked = np.stack([_to_ours(np.asarray(tensors[n]), kind, ours, config) for n in names])
       node = layer
       for key in ours[:-1]:
         node = node.setdefault(key, {})
-      node[ours[-1]] = stacked
+      prefixes = [f'model.layers.{g * period + i}.{hf_name.removesuffix("weight")}' for g in range(groups)]
+      if is_served(config) and kind != 'vector':  # compressed-tensors int weights → AQT's frozen tensors
+        names = [prefix + suffix for prefix in prefixes for suffix in _PACKED_SUFFIXES]
+        expected.update(names)
+        if missing := [n for n in names if n not in tensors]:
+          raise ValueError(f'{path}: missing tensor {missing[0]} (an int4 checkpoint needs {_PACKED_SUFFIXES})')
+        frozen = [compressed.from_hf({s: tensors[prefix + s] for s in _PACKED_SUFFIXES}, config.quant, prefix[:-1])
+                  for prefix in prefixes]
+        node[AQT_NAME] = {'qrhs': {'value': np.stack([v for v, _ in frozen]).astype(ml_dtypes.int4),
+                                   'scale': np.stack([s for _, s in frozen])}}
+        continue
+      names = [prefix + 'weight' for prefix in prefixes]
+      expected.update(names)
+      if missing := [n for n in names if n not in tensors]:
+        raise ValueError(f'{path}: missing tensor {missing[0]}')
+      node[ours[-1]] = np.stack([_to_ours(np.asarray(tensors[n]), kind, ours, config) for n in names])
     layers[f'layer_{i}'] = layer
   for name in ('model.embed_tokens.weight', 'model.norm.weight'):
     if name not in tensors:
@@ -162,10 +185,17 @@ def params_to_hf(params: Any, config: ModelConfig) -> dict[str, np.ndarray]:
   out = {'model.embed_tokens.weight': params['embedding'], 'model.norm.weight': params['norm']['weight']}
   for i in range(period):
     for hf_name, ours, kind in _layer_tensors(config):
-      stacked = params['layers'][f'layer_{i}']
-      for key in ours:
-        stacked = stacked[key]
-      for g, value in enumerate(stacked):
+      node = params['layers'][f'layer_{i}']
+      for key in ours[:-1]:
+        node = node[key]
+      if is_served(config) and kind != 'vector':  # AQT's frozen int values + scales → compressed-tensors
+        frozen = node[AQT_NAME]['qrhs']
+        for g, (value, scale) in enumerate(zip(frozen['value'], frozen['scale'])):
+          prefix = f'model.layers.{g * period + i}.{hf_name.removesuffix("weight")}'
+          packed = compressed.to_hf(value, scale, config.quant, jax.numpy.dtype(config.quant.scale_dtype))
+          out.update({prefix + suffix: tensor for suffix, tensor in packed.items()})
+        continue
+      for g, value in enumerate(node[ours[-1]]):
         out[f'model.layers.{g * period + i}.{hf_name}'] = np.ascontiguousarray(_to_hf(value, kind))
   return out
 
@@ -196,16 +226,27 @@ def load_hf(path: str | pathlib.Path, **config_overrides: Any) -> tuple[ModelCon
   config_file = path / 'config.json'
   if not config_file.is_file():
     raise FileNotFoundError(f'{path}: no config.json; not a transformers model directory')
-  config = config_from_hf(json.loads(config_file.read_text()), str(config_file), **config_overrides)
-  return config, params_from_hf(read_safetensors(path), config, str(path))
+  hf_config, tensors = json.loads(config_file.read_text()), read_safetensors(path)
+  if compressed.is_quantized(hf_config):  # int4 (compressed-tensors): served from its int values and scales
+    scale_dtypes = {t.dtype.name for name, t in tensors.items() if name.endswith('.weight_scale')}
+    if len(scale_dtypes) != 1:
+      raise ValueError(f'{path}: a compressed-tensors checkpoint needs weight_scale tensors of one dtype, '
+                       f'found {sorted(scale_dtypes) or "none"}')
+    config_overrides = {'quant': compressed.settings_from_config(hf_config, str(config_file), scale_dtypes.pop()),
+                        **config_overrides}
+  config = config_from_hf(hf_config, str(config_file), **config_overrides)
+  return config, params_from_hf(tensors, config, str(path))
 
 
 def save_hf(path: str | pathlib.Path, config: ModelConfig, params: Any, *, dtype: str = 'bfloat16',
             tokenizer: Tokenizer | None = None, extra_files: dict[str, str] | None = None) -> None:
   """Writes a transformers directory: config.json and model.safetensors in `dtype` ('float32' or
-  'bfloat16'); with `tokenizer`, also its tokenizer.model and a generation_config.json that stops at
-  EOS or end of turn; and any `extra_files` (name → text). Written to a temporary sibling and renamed,
-  so `path` is complete or absent."""
+  'bfloat16'); with `tokenizer`, also its tokenizer.model, the transformers tokenizer files with our
+  chat template (`hf_tokenizer.tokenizer_files`: AutoTokenizer encodes and renders as we do) and a
+  generation_config.json that stops at EOS or end of turn; and any `extra_files` (name → text).
+  An int4-served config (luckystar.quant.convert) writes its Linears as compressed-tensors
+  pack-quantized tensors (scales in `config.quant.scale_dtype`) and the rest in `dtype`.
+  Written to a temporary sibling and renamed, so `path` is complete or absent."""
   if dtype not in ('float32', 'bfloat16'):
     raise ValueError(f'dtype must be "float32" or "bfloat16", got {dtype!r}')
   path = pathlib.Path(path)
@@ -215,13 +256,19 @@ def save_hf(path: str | pathlib.Path, config: ModelConfig, params: Any, *, dtype
   tmp = pathlib.Path(tempfile.mkdtemp(prefix=f'.{path.name}.', dir=path.parent))
   tmp.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary, shareable directory
   try:
-    tensors = {name: np.asarray(value).astype(jax.numpy.dtype(dtype))
+    # Float tensors in `dtype`; compressed-tensors' packed ints, shapes and scales as they come.
+    tensors = {name: value if name.endswith(_PACKED_SUFFIXES) else np.asarray(value).astype(jax.numpy.dtype(dtype))
                for name, value in params_to_hf(params, config).items()}
     save_file(tensors, str(tmp / 'model.safetensors'), metadata={'format': 'pt'})
     (tmp / 'model.safetensors').chmod(0o644)
-    (tmp / 'config.json').write_text(json.dumps(config_to_hf(config, dtype), indent=2) + '\n')
+    hf_config = config_to_hf(config, dtype)
+    if tokenizer is not None:  # else transformers' Cohere defaults (ids of Cohere's own 256k vocabulary)
+      hf_config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
+    (tmp / 'config.json').write_text(json.dumps(hf_config, indent=2) + '\n')
     if tokenizer is not None:
       (tmp / 'tokenizer.model').write_bytes(tokenizer.model_proto)
+      for name, text in hf_tokenizer.tokenizer_files(tokenizer, config.max_position_embeddings).items():
+        (tmp / name).write_text(text)
       generation = {'bos_token_id': tokenizer.bos_id, 'eos_token_id': [tokenizer.eos_id, tokenizer.end_of_turn_id],
                     'pad_token_id': tokenizer.pad_id}
       (tmp / 'generation_config.json').write_text(json.dumps(generation, indent=2) + '\n')

@@ -57,15 +57,20 @@ class Projection(nn.Module):
   axes: tuple[str | None, ...]
   dtype: Any
   param_dtype: Any
+  quant: Any = None   # luckystar.quant.QuantSettings: the same matmul with AQT int weights; None: float
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     contract = len(self.axes) - len(self.features)
-    kernel = self.param('kernel', _init(self.axes), (*x.shape[x.ndim - contract:], *self.features),
-                        self.param_dtype)
+    shape = (*x.shape[x.ndim - contract:], *self.features)
     # One 2-D matmul: XLA:CPU's backward of a 3-D dot_general is several times slower.
     leading, contracted = x.shape[:x.ndim - contract], int(np.prod(x.shape[x.ndim - contract:]))
-    out = jnp.dot(x.reshape(-1, contracted).astype(self.dtype), kernel.reshape(contracted, -1).astype(self.dtype))
+    lhs = x.reshape(-1, contracted).astype(self.dtype)
+    if self.quant is not None:
+      out = self.quant.matmul(self, lhs, shape, _init(self.axes))
+    else:
+      kernel = self.param('kernel', _init(self.axes), shape, self.param_dtype)
+      out = jnp.dot(lhs, kernel.reshape(contracted, -1).astype(self.dtype))
     return out.reshape(*leading, *self.features)
 
 
@@ -216,7 +221,7 @@ class Attention(nn.Module):
   def __call__(self, x: Array, positions: Array, mask: Array, cache: dict[str, Array] | None = None,
                group: Array | None = None, index: Array | None = None):
     cfg = self.config
-    dense = functools.partial(Projection, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+    dense = functools.partial(Projection, dtype=cfg.dtype, param_dtype=cfg.param_dtype, quant=cfg.quant)
     q = dense((cfg.num_heads, cfg.head_dim), ('embed', 'heads', 'head_dim'), name='q_proj')(x)
     k = dense((cfg.num_kv_heads, cfg.head_dim), ('embed', 'kv_heads', 'head_dim'), name='k_proj')(x)
     v = dense((cfg.num_kv_heads, cfg.head_dim), ('embed', 'kv_heads', 'head_dim'), name='v_proj')(x)
@@ -250,7 +255,7 @@ class Mlp(nn.Module):
   @nn.compact
   def __call__(self, x: Array) -> Array:
     cfg = self.config
-    dense = functools.partial(Projection, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+    dense = functools.partial(Projection, dtype=cfg.dtype, param_dtype=cfg.param_dtype, quant=cfg.quant)
     gate = dense((cfg.intermediate_size,), ('embed', 'mlp'), name='gate_proj')(x)
     up = dense((cfg.intermediate_size,), ('embed', 'mlp'), name='up_proj')(x)
     hidden = constrain(nn.silu(gate) * up, ('batch', 'length', 'act_mlp'))

@@ -35,6 +35,9 @@ class ModelConfig:
   param_dtype: str = 'float32'
   dtype: str = 'float32'
   remat_policy: str = 'none'          # one of REMAT_POLICY_NAMES; see model.cohere2.REMAT_POLICIES
+  # Weight-only int quantization of the dense layers through AQT: a luckystar.quant.QuantSettings
+  # (mode train / convert / serve), or None for float kernels.
+  quant: Any = None
 
   def __post_init__(self):
     # Lists arrive from JSON and ml_collections; keep the dataclass hashable.

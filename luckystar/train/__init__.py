@@ -1,6 +1,6 @@
 """Training: the shared train state, optimizer, update step, checkpoints, metrics and loop (DESIGN §2, §5).
 
-Stage modules (`sft.py`, later `rloo.py`, `dpo.py`) hold the pure loss of their method plus a short
+Stage modules (`sft.py`, `rloo.py`, `rejection_sampling.py`, `dpo.py`) hold the pure loss of their method plus a short
 `run(config, workdir)`; everything else lives once here:
 
     state.py       TrainState, created sharded from `jax.eval_shape` (random or loaded params)
@@ -10,4 +10,9 @@ Stage modules (`sft.py`, later `rloo.py`, `dpo.py`) hold the pure loss of their 
     metrics.py     metrics.jsonl, TensorBoard events, PNG curves
     loop.py        `run_training`: resume → steps → log / eval / checkpoint
     sft.py         hybrid SFT: the token loss and its `run` (stage 'sft')
+    rollouts.py    render a prompt, sample with the SQL tool loop, score (shared by RL, RS and DPO)
+    rloo.py        RLVR: RLOO advantages, the policy-gradient loss, prompt selection, `run` (stage 'rlvr')
+    rejection_sampling.py  best-of-N teacher traces for the cold start (stage 'rejection_sampling')
+    dpo.py         offline DPO: pair builders, the DPO/IPO/robust losses, cached reference log-probs,
+                   its `run` (stage 'dpo')
 """

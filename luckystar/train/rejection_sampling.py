@@ -271,9 +271,7 @@ def run(config, workdir: str) -> None:
                                f'math_languages={list(settings.math_languages)})')
   model_config, params = load_teacher(config)
   tokenizer = tokenizer_lib.default()
-  if tokenizer.vocab_size > model_config.vocab_size:
-    raise config_lib.UserError(f'config.init_from={config.init_from!r} has {model_config.vocab_size} token '
-                               f'embeddings, fewer than the tokenizer\'s {tokenizer.vocab_size}')
+  state_lib.check_vocab(config.init_from, model_config, tokenizer)
   samples = settings.samples_per_prompt
   logging.info('rejection sampling: %d prompts × %d samples from %r', len(examples), samples, config.init_from)
   rng, chunk = jax.random.key(config.seed), max(1, settings.batch_size // samples)

@@ -286,6 +286,7 @@ def run(config, workdir: str) -> None:
   settings = config.rlvr
   model_config, params = state_lib.initial_model(config.init_from)
   tokenizer = tokenizer_lib.default()
+  state_lib.check_vocab(config.init_from, model_config, tokenizer)
   mesh = sharding.make_mesh(dict(config.mesh))
   optimizer = optim.make(config, settings.updates_per_batch)
   state = state_lib.create(model_config, optimizer, mesh, seed=config.seed, params=params)

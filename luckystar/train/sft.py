@@ -208,9 +208,7 @@ def run(config, workdir: str) -> None:
     return
   model_config, params = state_lib.initial_model(config.init_from)
   tokenizer = tokenizer_lib.default() if config.sft.data != 'synthetic' else None
-  if tokenizer is not None and tokenizer.vocab_size > model_config.vocab_size:
-    raise ValueError(f'config.init_from={config.init_from!r} has {model_config.vocab_size} token embeddings, '
-                     f'fewer than the tokenizer\'s {tokenizer.vocab_size}')
+  state_lib.check_vocab(config.init_from, model_config, tokenizer)
   mesh = sharding.make_mesh(dict(config.mesh))
   optimizer = optim.make(config)
   state = state_lib.create(model_config, optimizer, mesh, seed=config.seed, params=params)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 
 import luckystar
+from luckystar import config as config_lib
 from luckystar import model
 
 RANDOM_INIT_PREFIX = 'random:'
@@ -31,6 +32,13 @@ class TrainState:
   opt_state: Any
   rng: jax.Array              # uint32 [2] raw key data; step t uses fold_in(rng, t)
   skipped_updates: jax.Array  # int32 []: non-finite updates not applied, cumulative
+
+
+def check_vocab(init_from: str, model_config: model.ModelConfig, tokenizer: Any) -> None:
+  """A UserError naming `config.init_from` when the tokenizer has ids the model cannot embed."""
+  if tokenizer is not None and tokenizer.vocab_size > model_config.vocab_size:
+    raise config_lib.UserError(f'config.init_from={init_from!r} has {model_config.vocab_size} token embeddings, '
+                               f'fewer than the tokenizer\'s {tokenizer.vocab_size}')
 
 
 def initial_model(init_from: str) -> tuple[model.ModelConfig, Any | None]:

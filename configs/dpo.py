@@ -1,0 +1,83 @@
+"""Offline DPO for conciseness and language on the bundled tiny policy (DESIGN §5, paper §2.5).
+
+    python -m luckystar.main --config=configs/dpo.py --workdir=/tmp/luckystar-dpo
+    python -m luckystar.main --config=configs/dpo.py:smoke --workdir=/tmp/luckystar-dpo-smoke
+
+Samples the starting policy 4 times on 256 short train prompts (Korean MC, chat, math of difficulty 1)
+in concise mode at its normal sampling settings (temperature 1.0, as RLVR samples it) and pairs the
+example's verified reference reply (chosen) against a sample that is ≥ 1.5× and ≥ 8 tokens longer
+(kind 'concise') or answers in the wrong language (kind 'language'); pairs go to
+workdir/dpo_pairs.jsonl (+ dpo_pairs.json, their counts and config fingerprint). Reference log-probs of
+the starting params are computed once and cached in workdir/dpo_reference.npz. Then sigmoid DPO with
+β = 0.1 at a low learning rate; held-out correctness and response length in both modes (`eval/*`) at
+step 0 and at the end. Re-running the same command on the same workdir resumes (and reuses the pairs
+and the reference log-probs).
+
+Starts from `tiny-sft`: DESIGN §7 starts DPO from `tiny-rlvr`, which is not bundled yet; once it
+ships, set `config.init_from = 'tiny-rlvr'` here (or pass --config.init_from=tiny-rlvr, or an RLVR
+run directory).
+Expected on 2 CPU cores: not measured at full size yet (issue 6's experiment is open).
+
+`:smoke` (tests): an untrained `tiny` policy (it never stops, so every sample is verbose) on 4 math
+prompts × 2 samples of ≤ 24 tokens, 3 steps of 2 pairs, a checkpoint every step, a 1-prompt eval.
+"""
+
+import ml_collections
+
+from luckystar import config as config_lib
+
+
+def get_config(arg=None):
+  config = config_lib.base('dpo')
+  config.init_from = 'tiny-sft'          # DESIGN's start is 'tiny-rlvr' once bundled (see the docstring)
+  config.total_steps = 60                # ≈ 2 epochs of ~250 pairs at batch 8
+  config.batch_size = 8                  # pairs per step (all processes)
+  config.learning_rate = 1e-5            # low: DPO moves a trained policy a little (SFT used 1e-3, RLVR 5e-5)
+  config.warmup_steps = 5
+  config.log_every = 1
+  config.eval_every = 0                  # held-out eval at step 0 and at the end only
+  config.checkpoint_every = 10
+  config.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=128))
+  config.dpo = ml_collections.ConfigDict(dict(
+      # The loss (luckystar.train.dpo docstring).
+      loss_type='sigmoid',               # or 'robust' (rDPO), 'ipo'
+      beta=0.1,
+      label_smoothing=0.0,               # ε: cDPO for 'sigmoid', rDPO's flip rate for 'robust'
+      sft_weight=0.0,                    # > 0: + weight · per-token NLL of the chosen reply (RPO)
+      # Pairs: the policy's own verbose / wrong-language replies vs. verified reference replies.
+      pairs_file='',                     # a dpo_pairs.jsonl made elsewhere; '' = build them in the workdir
+      tasks=('korean_mc', 'chat', 'math'),
+      math_max_difficulty=1,             # short math only
+      modes=('concise',),                # 'reasoning' adds language pairs in reasoning mode
+      pair_prompts=256,                  # train prompts sampled
+      samples_per_prompt=4,
+      pairs_per_prompt=1,                # per prompt, mode and kind
+      verbose_min_ratio=1.5,             # 'concise' pair: rejected ≥ 1.5 × chosen response tokens ...
+      verbose_min_extra=8,               # ... and ≥ chosen + 8
+      max_prompt_tokens=384,
+      sampling_batch=128,                # rollouts per sampling call
+      reference_batch_size=16,           # pairs per reference log-prob batch
+      length_multiple=32,                # batches are padded to a multiple of this many tokens
+      # Held-out eval (luckystar.evals.core.Settings): greedy, both modes, correctness and response length.
+      task_eval=ml_collections.ConfigDict(dict(tasks=('korean_mc', 'chat', 'math'), modes=('concise', 'reasoning'),
+                                               per_task_language=32, max_new_tokens=160, batch_size=64)),
+  ))
+
+  if arg == 'smoke':
+    config.init_from = 'random:tiny'
+    config.total_steps = 3
+    config.batch_size = 2
+    config.warmup_steps = 0
+    config.learning_rate = 1e-3          # an untrained model: let the 3 steps move the margins visibly
+    config.checkpoint_every = 1
+    config.sampling.max_new_tokens = 24
+    config.dpo.tasks = ('math',)
+    config.dpo.pair_prompts = 4
+    config.dpo.samples_per_prompt = 2
+    config.dpo.sampling_batch = 2           # 2 rows per sampling call, as the eval's: one sampler compile
+    config.dpo.reference_batch_size = 4
+    config.dpo.task_eval = ml_collections.ConfigDict(dict(tasks=('math',), modes=('concise', 'reasoning'),
+                                                          per_task_language=1, max_new_tokens=8, batch_size=2))
+  elif arg:
+    raise ValueError(f'unknown variant configs/dpo.py:{arg}; expected configs/dpo.py or configs/dpo.py:smoke')
+  return config

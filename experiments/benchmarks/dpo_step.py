@@ -1,0 +1,165 @@
+"""One DPO step of the dpo stage with cached reference log-probs, beside TRL's DPOTrainer (DESIGN §9).
+
+    python experiments/benchmarks/dpo_step.py                  # 8 pairs of 32 + 64 + 64 tokens, bench
+    python experiments/benchmarks/dpo_step.py --steps=3        # a quick check
+
+(with luckystar installed, `pip install -e .`, or PYTHONPATH=. from the repository root)
+
+The stage's own code, wired as `luckystar.train.dpo.run` wires it: configs/dpo.py (sigmoid loss,
+β = 0.1, AdamW with clipping and the non-finite guard) with init_from='random:<size>' and
+batch_size=--pairs; the update is `step.make_update_fn(dpo.loss_fn, ..., denominator='pairs')`, one
+jitted program: a forward and backward of the 2·pairs rows (chosen and rejected), the loss, the
+optimizer. Each pair is --prompt_tokens random prompt tokens (loss mask 0) followed by a chosen and a
+rejected reply of --reply_tokens random tokens each (mask 1), so every row has prompt + reply tokens
+(`dpo.pair_batch`, no padding). The reference log-probs are computed once beforehand by
+`dpo.compute_reference_logps` from the starting params and sit in the batch, as the stage's
+cache puts them there: the timed step runs no reference model (TRL's `precompute_ref_log_probs`).
+Reported: the one-off reference pass, the compile, and the median of --steps update steps after
+--warmup (each blocks until its metrics are on the host).
+Peers: TRL `DPOTrainer` as DESIGN §9 measured it (8 pairs of 32 + 64 + 64 tokens, cached reference, a
+random Cohere2 of the `bench` shape: vocab 8000, hidden 256, MLP 1024, 4 layers, 4 heads, 1 KV head =
+5.85M params, fp32, 2 CPU cores): 0.60 s per step; goal ≤ 0.3 s. And, measured in this run on the same
+batch (so a busy CPU slows both alike), the computation inside TRL's step in plain torch: a
+transformers `Cohere2ForCausalLM` of the same shape (`sft_step.torch_peer`, torch AdamW), one forward
+of the 2·pairs rows, summed response log-probs, the sigmoid loss against the same cached reference,
+backward, clipping, AdamW (TRL's own overhead is not in it, so it is a lower bound on TRL's time).
+"""
+
+import argparse
+import functools
+import importlib.util
+import os
+import pathlib
+import time
+
+import jax
+import numpy as np
+
+from luckystar import model
+from luckystar.model import sharding
+from luckystar.train import dpo, optim
+from luckystar.train import state as state_lib
+from luckystar.train import step as step_lib
+
+import sft_step  # the same-run torch peer, built as the SFT benchmark builds it (this file's directory)
+
+DPO_CONFIG = pathlib.Path(__file__).resolve().parents[2] / 'configs' / 'dpo.py'
+PEER_SECONDS = 0.60  # TRL DPOTrainer, cached reference, DESIGN §9
+GOAL_SECONDS = 0.3
+
+
+def stage_config(size: str, pairs: int):
+  """configs/dpo.py on a random model of `size`, `pairs` pairs per step."""
+  spec = importlib.util.spec_from_file_location('dpo_config', DPO_CONFIG)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  config.init_from = f'random:{size}'
+  config.batch_size = pairs
+  return config
+
+
+def synthetic_pairs(vocab_size: int, count: int, prompt_tokens: int, reply_tokens: int) -> list[dict]:
+  """Pairs as the stage stores them: a shared random prompt, then a random chosen and rejected reply."""
+  rng = np.random.default_rng(0)
+  pairs = []
+  for _ in range(count):
+    prompt = rng.integers(4, vocab_size, prompt_tokens).tolist()
+    mask = [0] * prompt_tokens + [1] * reply_tokens
+    pairs.append({f'{side}_{feature}': value for side in dpo.SIDES for feature, value in (
+        ('tokens', prompt + rng.integers(4, vocab_size, reply_tokens).tolist()), ('loss_mask', mask))})
+  return pairs
+
+
+def torch_step_seconds(config: model.ModelConfig, batch: dict[str, np.ndarray], beta: float, steps: int,
+                       warmup: int) -> float:
+  """Median seconds of the plain-torch DPO step (module docstring) on `batch` (`dpo.pair_batch`'s layout)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  peer, optimizer = sft_step.torch_peer(config)
+  rows = {k: torch.from_numpy(np.array(v)).long() for k, v in dpo.flatten_pairs(
+      {k: np.asarray(v) for k, v in batch.items() if k != 'reference_logps'}).items()}   # [2B, T]
+  mask = rows['loss_mask'][:, 1:].float()
+  reference = torch.from_numpy(np.asarray(batch['reference_logps']))                      # [B, 2]
+  pairs = reference.shape[0]
+
+  def step():
+    logits = peer(input_ids=rows['tokens']).logits[:, :-1]
+    logps = (torch.log_softmax(logits, -1).gather(-1, rows['tokens'][:, 1:, None])[..., 0] * mask).sum(-1)
+    h = (logps[:pairs] - reference[:, 0]) - (logps[pairs:] - reference[:, 1])
+    loss = -torch.nn.functional.logsigmoid(beta * h).mean()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(peer.parameters(), sft_step.OPTIMIZER['max_grad_norm'])
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+  return sft_step._median_seconds(step, steps, warmup)  # pylint: disable=protected-access
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--pairs', type=int, default=8)
+  parser.add_argument('--prompt_tokens', type=int, default=32)
+  parser.add_argument('--reply_tokens', type=int, default=64, help='tokens of each of the chosen and rejected replies')
+  parser.add_argument('--size', default='bench')
+  parser.add_argument('--steps', type=int, default=10, help='timed steps (median reported)')
+  parser.add_argument('--warmup', type=int, default=2)
+  parser.add_argument('--no_torch', action='store_true', help='skip the same-run torch peer')
+  args = parser.parse_args()
+
+  config = stage_config(args.size, args.pairs)
+  settings = config.dpo
+  # As dpo.run builds them.
+  model_config, params = state_lib.initial_model(config.init_from)
+  mesh = sharding.make_mesh(dict(config.mesh))
+  optimizer = optim.make(config)
+  state = state_lib.create(model_config, optimizer, mesh, seed=config.seed, params=params)
+  pairs = synthetic_pairs(model_config.vocab_size, args.pairs, args.prompt_tokens, args.reply_tokens)
+  start = time.perf_counter()
+  reference = dpo.compute_reference_logps(model_config, state.params, pairs, mesh=mesh, batch_size=args.pairs,
+                                          length_multiple=settings.length_multiple)
+  reference_seconds = time.perf_counter() - start
+  loss = functools.partial(dpo.loss_fn, model_config=model_config, beta=settings.beta, loss_type=settings.loss_type,
+                           label_smoothing=settings.label_smoothing, sft_weight=settings.sft_weight)
+  update_fn = step_lib.make_update_fn(loss, optimizer, step_lib.state_shardings_of(state), mesh=mesh,
+                                      learning_rate=optim.learning_rate_schedule(config),
+                                      grad_accum_steps=config.grad_accum_steps, denominator='pairs')
+  host_batch = dpo.pair_batch(pairs, range(args.pairs), reference, length_multiple=settings.length_multiple)
+  batch = update_fn.put_batch(host_batch)
+  rng = jax.device_put(jax.random.key(0), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  start = time.perf_counter()
+  compiled = update_fn.lower(state, batch, rng).compile()
+  compile_seconds = time.perf_counter() - start
+
+  times = []
+  for i in range(args.warmup + args.steps):
+    start = time.perf_counter()
+    state, metrics = compiled(state, batch, rng)
+    metrics = jax.device_get(metrics)
+    if i >= args.warmup:
+      times.append(time.perf_counter() - start)
+  seconds = float(np.median(times))
+
+  rows, length = 2 * args.pairs, args.prompt_tokens + args.reply_tokens
+  print(f'devices: {jax.device_count()} × {jax.devices()[0].device_kind}, {os.cpu_count()} CPU cores '
+        f'({len(os.sched_getaffinity(0))} usable); jax {jax.__version__}; {args.size} model '
+        f'{model.param_count(model_config) / 1e6:.2f}M params, {model_config.dtype}')
+  print(f'shape: {args.pairs} pairs × ({args.prompt_tokens} prompt + {args.reply_tokens} chosen + '
+        f'{args.reply_tokens} rejected tokens) = batch {tuple(batch["tokens"].shape)}, {rows} rows × {length} tokens')
+  print(f'reference log-probs, once (compile + forward): {reference_seconds:.2f} s; update compile: '
+        f'{compile_seconds:.2f} s')
+  print(f'last step: loss {metrics["train/loss"]:.4f}, rewards/margins {metrics["train/rewards/margins"]:.4f} '
+        f'(after {args.warmup + args.steps} updates on the same batch)\n')
+  spread = f'; range {min(times):.3f}–{max(times):.3f} s' if len(times) > 1 else ''
+  print(f'ours (luckystar dpo, cached reference): {seconds:.3f} s/step  median of {len(times)}{spread}; '
+        f'{rows * length / seconds:.0f} tokens/s')
+  if not args.no_torch:
+    torch_seconds = torch_step_seconds(model_config, host_batch, settings.beta, args.steps, args.warmup)
+    print(f'plain torch DPO step, this run (TRL minus its overhead): {torch_seconds:.3f} s/step; '
+          f'speed-up {torch_seconds / seconds:.2f}×')
+  print(f'TRL DPOTrainer (cached reference, DESIGN §9): {PEER_SECONDS:.2f} s/step; ours / TRL = '
+        f'{seconds / PEER_SECONDS:.2f} (speed-up {PEER_SECONDS / seconds:.1f}×)')
+  print(f'Goal: ≤ {GOAL_SECONDS} s/step (DESIGN §9). A shared CPU slows every figure.')
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,99 @@
+"""The `quantize` stage: AQT int4 CONVERT of `config.init_from`, before/after quality, int4 export.
+
+    python -m luckystar.main --config=configs/quantize.py --workdir=runs/quantize
+
+metrics.jsonl: step 0 is the float model, step 1 the int4 (SERVE) model, with the same names:
+`eval/loss` and `eval/accuracy` (held-out conversations, assistant tokens), and with
+`quantize.task_eval.per_task_language` > 0 the held-out task metrics of `luckystar.evals.core`
+(greedy, both modes). Step 1 adds `quant/logits_max_rel_diff` (int4 vs float on the held-out rows),
+`quant/linear_bytes` and `quant/linear_bytes_ratio` (int4 values + scales over bf16).
+With `quantize.export`, writes DIR/hf_int4 (compressed-tensors pack-quantized, `Model.save_hf(...,
+quantization='int4')`), which `luckystar.load` and transformers/vLLM read.
+"""
+
+import functools
+import json
+import math
+import pathlib
+
+import jax
+import numpy as np
+
+from luckystar import api
+from luckystar import config as config_lib
+from luckystar import model as model_lib
+from luckystar import tokenizer as tokenizer_lib
+from luckystar.data import conversations
+from luckystar.evals import core as evals_core
+from luckystar.model import sharding
+from luckystar.quant import quantize
+from luckystar.train import metrics as metrics_lib
+from luckystar.train import sft
+from luckystar.train import state as state_lib
+
+
+def linear_bytes(config, params) -> tuple[int, int]:
+  """(bytes of the quantized linears' int values + scales as exported, bytes of the same linears in bf16)."""
+  scale_bytes = np.dtype(jax.numpy.dtype(config.quant.scale_dtype)).itemsize
+  stored, bf16 = 0, 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    if not quantize.is_quantized_leaf(path):
+      continue
+    if jax.tree_util.keystr(path).endswith("['value']"):
+      stored += math.ceil(leaf.size * config.quant.bits / 8)
+      bf16 += 2 * leaf.size
+    else:
+      stored += scale_bytes * leaf.size
+  return stored, bf16
+
+
+def heldout_metrics(model_config, params, batches) -> dict[str, float]:
+  """eval/loss and eval/accuracy over every trained token of the held-out batches (SFT's eval)."""
+  loss = functools.partial(sft.loss_fn, model_config=model_config)
+  return sft.make_eval_fn(loss, batches, sharding.make_mesh())(params, 0)
+
+
+def run(config, workdir: str) -> None:
+  settings = config.quantize
+  if config.init_from.startswith(state_lib.RANDOM_INIT_PREFIX):  # a smoke test of the stage
+    model_config, _ = state_lib.initial_model(config.init_from)
+    float_model = api.Model(model_config, model_lib.init(model_config, jax.random.key(config.seed)))
+  else:
+    float_model = api.load(config.init_from)
+  # the model's own tokenizer (its directory's tokenizer.model), else the bundled one
+  tokenizer = float_model.tokenizer = float_model.tokenizer or tokenizer_lib.default()
+  try:
+    int4_model = float_model.quantize(group_size=settings.group_size, scale_dtype=settings.scale_dtype,
+                                      bits=settings.bits)
+  except ValueError as e:
+    raise config_lib.UserError(f'config.quantize: {e}') from None
+
+  heldout, _ = conversations.sft_sources(tokenizer, seed=config.seed, split='heldout')  # both modes
+  batches = sft.heldout_batches(sft.eval_subset(heldout, settings.eval_examples_per_source, config.seed),
+                                seq_len=settings.seq_len, batch_size=config.batch_size)
+  task_settings = evals_core.Settings.from_config(settings.task_eval)
+  rows = []
+  for model in (float_model, int4_model):
+    row = heldout_metrics(model.config, model.params, batches)
+    if task_settings.per_task_language:
+      row.update(evals_core.evaluate(model.config, model.params, tokenizer, task_settings))
+    rows.append({name: float(value) for name, value in row.items()})
+  float_logits = float_model.logits(batches[0]['tokens'])
+  int4_logits = int4_model.logits(batches[0]['tokens'])
+  stored, bf16 = linear_bytes(int4_model.config, int4_model.params)
+  rows[1].update({'quant/logits_max_rel_diff': float(np.abs(int4_logits - float_logits).max()
+                                                     / np.abs(float_logits).max()),
+                  'quant/linear_bytes': stored, 'quant/linear_bytes_ratio': stored / bf16})
+
+  writer = metrics_lib.Writer(workdir)
+  for step, row in enumerate(rows):
+    writer.write(step, row)
+  writer.close()
+  if settings.export:
+    out = pathlib.Path(workdir) / 'hf_int4'
+    if not out.exists():  # re-running on the same workdir keeps the first export
+      int4_model.save_hf(out, dtype=settings.scale_dtype, quantization='int4')
+  summary = {'float': rows[0], 'int4': rows[1], 'quantize': settings.to_dict()}
+  (pathlib.Path(workdir) / 'quantize_summary.json').write_text(json.dumps(summary, indent=2) + '\n')
+  print(json.dumps({k: {m: round(v, 4) for m, v in row.items() if m.startswith(('eval/loss', 'eval/acc', 'quant/'))}
+                    for k, row in (('float', rows[0]), ('int4', rows[1]))}, indent=2))

@@ -1,0 +1,478 @@
+"""Offline DPO for conciseness and language (DESIGN §5, paper §2.5; Rafailov et al. 2023).
+
+    python -m luckystar.main --config=configs/dpo.py --workdir=runs/dpo
+
+The loss reads like the papers. With h = (log π(y_c) − log π_ref(y_c)) − (log π(y_r) − log π_ref(y_r)),
+each log-prob summed over the response tokens of the chosen (c) and rejected (r) reply:
+
+    sigmoid  −log σ(β·h)                                      DPO (Rafailov et al. 2023)
+             with label_smoothing ε: −(1−ε)·log σ(β·h) − ε·log σ(−β·h)
+                                                               cDPO (Mitchell 2023; TRL's `label_smoothing`)
+    robust   (−(1−ε)·log σ(β·h) + ε·log σ(−β·h)) / (1 − 2ε)   rDPO (Chowdhury et al. 2024): unbiased
+                                                               when labels are flipped with probability ε
+    ipo      (h − 1/(2β))²                                     IPO (Azar et al. 2023), on summed log-probs
+                                                               (TRL's IPO averages them per token instead)
+
+plus, with `sft_weight` w > 0, w · (−log π(y_c) / |y_c|): the chosen reply's per-token NLL (RPO,
+Pang et al. 2024; TRL's `rpo_alpha`). Each term is a mean over pairs, so the loss is
+Σ over pairs / pairs and gradient accumulation stays exact (`step.accumulate_gradients`, denominator
+'pairs'). Only response tokens count (`loss_mask`, as `Tokenizer.render` and the sampler lay it out):
+prompt and tool-result tokens have weight 0 in every log-prob here.
+
+The stage (`run`):
+  1. Pairs (`build_pairs`): `pair_prompts` seeded train prompts of `config.dpo.tasks` (math up to
+     `math_max_difficulty`: short math) are sampled `samples_per_prompt` times by the starting policy
+     in each of `config.dpo.modes` (default concise) at `config.sampling`, the policy's normal settings.
+     chosen = the example's reference reply rendered in that mode (`conversations.render_example`),
+     kept only if the task's verifier scores it correct and in the prompt's language. rejected = one
+     of the policy's own samples: kind 'language' when its response is in the wrong language
+     (`Verdict.language_mismatch`), else kind 'concise' (concise mode only) when its reply is at least
+     `verbose_min_ratio` × and `verbose_min_extra` tokens longer than the chosen one. At most
+     `pairs_per_prompt` pairs per prompt, mode and kind, the first qualifying samples. Written to
+     `workdir/dpo_pairs.jsonl` (one pair per line with its provenance: example id, task, language,
+     kind, mode, policy, sampling settings, sample index, lengths, whether the rejected reply was
+     correct, its stop reason and text) and `workdir/dpo_pairs.json` (the config fingerprint and
+     counts; written last). A re-run reuses them; a changed config fingerprint is an error.
+     `config.dpo.pairs_file` reads a pair file made elsewhere instead.
+  2. Reference log-probs (`reference_logps`): summed response log-probs of every pair under the
+     starting params, computed once before training and cached in `workdir/dpo_reference.npz` under a
+     key that hashes the params (every leaf's bytes) and the pairs' tokens and masks; a run with the
+     same model and data reuses them, another model or data recomputes them. No reference params are
+     held during training.
+  3. The shared loop (`loop.run_training`) on shuffled batches of pairs; `eval/*` (greedy held-out
+     correctness and response length in both modes, `evals.core`) at step 0 and at the end. The same
+     command on the same workdir resumes.
+
+Batches: tokens, positions, segment_ids, loss_mask [B, 2, T] int (axis 1: chosen, rejected; rows
+right-padded with segment 0) and reference_logps [B, 2] float. Keeping a pair in one row keeps it
+together when `accumulate_gradients` splits rows into micro-batches.
+"""
+
+import collections
+import functools
+import hashlib
+import json
+import pathlib
+from typing import Any, Mapping, Sequence
+
+from absl import logging
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm
+
+from luckystar import config as config_lib
+from luckystar import model
+from luckystar import tokenizer as tokenizer_lib
+from luckystar.data import conversations, pipeline, suites
+from luckystar.data.examples import Example
+from luckystar.evals import core as evals_core
+from luckystar.model import sharding
+from luckystar.rewards import reward as reward_lib
+from luckystar.tokenizer import Tokenizer
+from luckystar.train import loop, optim, rloo, rollouts
+from luckystar.train import state as state_lib
+from luckystar.train import step as step_lib
+
+LOSS_TYPES = ('sigmoid', 'robust', 'ipo')
+PAIRS_FILE = 'dpo_pairs.jsonl'
+PAIRS_SUMMARY = 'dpo_pairs.json'      # fingerprint and counts; written last: the pairs are complete
+REFERENCE_FILE = 'dpo_reference.npz'  # {'key': str, 'logps': [pairs, 2]}
+FEATURES = ('tokens', 'loss_mask')
+SIDES = ('chosen', 'rejected')
+
+
+# ---- the loss ------------------------------------------------------------------------------------
+
+
+def sequence_logps(token_logps: jax.Array, loss_mask: jax.Array) -> jax.Array:
+  """Σ_t log π(token t+1 | ≤ t) over response tokens: token_logps [N, T-1] (`rloo.token_logprobs`),
+  loss_mask [N, T] (1 on response tokens) → [N]. Position t is weighted by loss_mask[t+1], the mask
+  of the token it predicts, so prompt and tool tokens never count."""
+  return (token_logps * loss_mask[:, 1:].astype(token_logps.dtype)).sum(-1)
+
+
+def preference_losses(chosen_logratios: jax.Array, rejected_logratios: jax.Array, *, beta: float,
+                      loss_type: str = 'sigmoid', label_smoothing: float = 0.0) -> jax.Array:
+  """Per-pair loss [B] from log π − log π_ref of the chosen and rejected replies [B] (formulas in the
+  module docstring)."""
+  if loss_type not in LOSS_TYPES:
+    raise ValueError(f'config.dpo.loss_type={loss_type!r}; expected one of {LOSS_TYPES}')
+  if not 0.0 <= label_smoothing < 0.5:
+    raise ValueError(f'config.dpo.label_smoothing={label_smoothing}; expected 0 <= ε < 0.5')
+  h = chosen_logratios - rejected_logratios
+  if loss_type == 'ipo':
+    return (h - 1.0 / (2.0 * beta)) ** 2
+  agree, disagree = -jax.nn.log_sigmoid(beta * h), -jax.nn.log_sigmoid(-beta * h)
+  if loss_type == 'robust':
+    return ((1.0 - label_smoothing) * agree - label_smoothing * disagree) / (1.0 - 2.0 * label_smoothing)
+  return (1.0 - label_smoothing) * agree + label_smoothing * disagree
+
+
+def flatten_pairs(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+  """[B, 2, T] pair rows → [2B, T] model rows: the B chosen rows, then the B rejected rows."""
+  return {k: jnp.concatenate([batch[k][:, 0], batch[k][:, 1]]) for k in ('tokens', 'positions', 'segment_ids',
+                                                                         'loss_mask')}
+
+
+def pair_logps(model_config: model.ModelConfig, params: Any, batch: Mapping[str, jax.Array]) -> jax.Array:
+  """Summed response log-probs [B, 2] (chosen, rejected) of each pair under `params`, at temperature 1."""
+  rows = flatten_pairs(batch)
+  token_logps, _ = rloo.token_logprobs(model_config, params, rows, temperature=1.0)
+  return sequence_logps(token_logps, rows['loss_mask']).reshape(2, -1).T
+
+
+_jitted_pair_logps = jax.jit(pair_logps, static_argnums=0)
+
+
+def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, *, model_config: model.ModelConfig,
+            beta: float = 0.1, loss_type: str = 'sigmoid', label_smoothing: float = 0.0,
+            sft_weight: float = 0.0) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Mean over pairs of `preference_losses` (+ sft_weight · the chosen reply's per-token NLL).
+
+  batch: tokens, positions, segment_ids, loss_mask [B, 2, T]; reference_logps [B, 2] (see the module
+  docstring). aux, named as TRL names them: rewards/chosen and rewards/rejected (β·(log π − log π_ref)),
+  rewards/margins (their difference), rewards/accuracies (chosen reward > rejected reward),
+  logps/chosen, logps/rejected (summed response log-probs), response_length/chosen and /rejected
+  (response tokens), sft_loss (the NLL term before its weight), loss, and pairs (the denominator).
+  """
+  del rng  # deterministic
+  logps = pair_logps(model_config, params, batch)                       # [B, 2]
+  logratios = logps - jax.lax.stop_gradient(batch['reference_logps'])   # [B, 2]
+  losses = preference_losses(logratios[:, 0], logratios[:, 1], beta=beta, loss_type=loss_type,
+                             label_smoothing=label_smoothing)
+  lengths = batch['loss_mask'][:, :, 1:].sum(-1).astype(jnp.float32)   # [B, 2]: scored response tokens
+  sft_loss = (-logps[:, 0] / jnp.maximum(lengths[:, 0], 1.0)).mean()
+  loss = losses.mean() + (sft_weight * sft_loss if sft_weight else 0.0)
+  rewards = beta * jax.lax.stop_gradient(logratios)
+  aux = {'loss': loss, 'rewards/chosen': rewards[:, 0].mean(), 'rewards/rejected': rewards[:, 1].mean(),
+         'rewards/margins': (rewards[:, 0] - rewards[:, 1]).mean(),
+         'rewards/accuracies': (rewards[:, 0] > rewards[:, 1]).astype(jnp.float32).mean(),
+         'logps/chosen': logps[:, 0].mean(), 'logps/rejected': logps[:, 1].mean(),
+         'response_length/chosen': lengths[:, 0].mean(), 'response_length/rejected': lengths[:, 1].mean(),
+         'sft_loss': sft_loss, 'pairs': jnp.asarray(logps.shape[0], jnp.float32)}
+  return loss, aux
+
+
+# ---- batches ---------------------------------------------------------------------------------------
+
+
+def pair_batch(pairs: Sequence[Mapping[str, Any]], indices: Sequence[int], reference: np.ndarray | None = None, *,
+               length_multiple: int) -> dict[str, np.ndarray]:
+  """Pairs `indices` as a batch (module docstring), padded to a multiple of `length_multiple` tokens
+  (a few batch shapes, each compiled once). reference: [pairs, 2] log-probs, or None (no field)."""
+  rows = [pairs[int(i)] for i in indices]
+  longest = max(len(row[f'{side}_tokens']) for row in rows for side in SIDES)
+  length = -(-longest // length_multiple) * length_multiple
+  batch = {name: np.zeros((len(rows), 2, length), np.int32)
+           for name in ('tokens', 'positions', 'segment_ids', 'loss_mask')}
+  for b, row in enumerate(rows):
+    for s, side in enumerate(SIDES):
+      n = len(row[f'{side}_tokens'])
+      batch['tokens'][b, s, :n] = row[f'{side}_tokens']
+      batch['loss_mask'][b, s, :n] = row[f'{side}_loss_mask']
+      batch['positions'][b, s, :n] = np.arange(n)
+      batch['segment_ids'][b, s, :n] = 1
+  if reference is not None:
+    batch['reference_logps'] = np.asarray(reference, np.float32)[np.asarray(indices, np.int64)]
+  return batch
+
+
+def training_batches(pairs: Sequence[Mapping[str, Any]], reference: np.ndarray, *, batch_size: int, seed: int,
+                     length_multiple: int) -> grain.DatasetIterator:
+  """A checkpointable iterator of this process's shuffled pair batches, epoch after epoch."""
+  indices = pipeline.shard(grain.MapDataset.range(len(pairs)))
+  if len(indices) < batch_size:
+    raise config_lib.UserError(f'{len(indices)} DPO pairs for this process, fewer than the {batch_size} a batch '
+                               f'needs (config.batch_size); build more pairs (config.dpo.pair_prompts) or lower it')
+  return iter(indices.shuffle(seed=seed).repeat().batch(batch_size, drop_remainder=True)
+              .map(lambda chunk: pair_batch(pairs, chunk, reference, length_multiple=length_multiple))
+              .to_iter_dataset())
+
+
+# ---- pairs --------------------------------------------------------------------------------------------
+
+
+def pair_prompts(settings: Any, tokenizer: Tokenizer, *, seed: int) -> list[Example]:
+  """`settings.pair_prompts` seeded train prompts of `settings.tasks` (math up to
+  `settings.math_max_difficulty`) whose prompt fits `settings.max_prompt_tokens` in every mode."""
+  pool = [e for task in settings.tasks for e in suites.load(task, 'train', seed=seed)
+          if (task != 'math' or e.difficulty <= settings.math_max_difficulty)
+          and all(len(rollouts.render_prompt(tokenizer, e, mode)) <= settings.max_prompt_tokens
+                  for mode in settings.modes)]
+  order = np.random.default_rng([seed, 31]).permutation(len(pool))[:settings.pair_prompts]
+  return [pool[i] for i in sorted(order)]
+
+
+def chosen_reply(tokenizer: Tokenizer, example: Example, mode: str) -> dict[str, Any] | None:
+  """The example's reference reply rendered in `mode` ({'tokens', 'loss_mask', 'text'}), or None when
+  the task's verifier does not score its response correct and in the prompt's language."""
+  rendered = conversations.render_example(tokenizer, example, mode)
+  prompt_length = len(rollouts.render_prompt(tokenizer, example, mode))
+  turn = tokenizer.parse_assistant(rendered['tokens'][prompt_length:].tolist())
+  verdict = reward_lib.score(example, turn)
+  if not verdict.correct or verdict.language_mismatch:
+    return None
+  return {**rendered, 'text': turn.response}
+
+
+def pair_kind(mode: str, chosen_length: int, scored: rollouts.Scored, settings: Any) -> str | None:
+  """Which pair a sample makes against the chosen reply of `chosen_length` response tokens: 'language'
+  (its response is in the wrong language), 'concise' (concise mode, and at least `verbose_min_ratio`
+  × and `verbose_min_extra` tokens longer), or None."""
+  if scored.verdict.language_mismatch:
+    return 'language'
+  length = int(scored.rollout.loss_mask.sum())
+  if mode == 'concise' and length >= max(settings.verbose_min_ratio * chosen_length,
+                                         chosen_length + settings.verbose_min_extra):
+    return 'concise'
+  return None
+
+
+def pairs_fingerprint(config) -> dict[str, Any]:
+  """What the built pairs depend on; pairs built under another fingerprint are stale."""
+  settings = config.dpo
+  return json.loads(json.dumps({
+      'init_from': config.init_from, 'seed': config.seed, 'sampling': dict(config.sampling),
+      **{key: settings[key] for key in ('tasks', 'modes', 'math_max_difficulty', 'max_prompt_tokens', 'pair_prompts',
+                                        'samples_per_prompt', 'pairs_per_prompt', 'verbose_min_ratio',
+                                        'verbose_min_extra', 'sampling_batch')}}))
+
+
+def build_pairs(config, model_config: model.ModelConfig, params: Any, tokenizer: Tokenizer,
+                examples: Sequence[Example]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+  """(pair records, counts) from samples of the policy `params` (module docstring, step 1)."""
+  settings, sampling_settings = config.dpo, dict(config.sampling)
+  pairs, counts = [], collections.Counter()
+  rng, chunk = jax.random.key(config.seed), max(1, settings.sampling_batch // settings.samples_per_prompt)
+  for mode_index, mode in enumerate(settings.modes):
+    chosen = {e.id: chosen_reply(tokenizer, e, mode) for e in examples}
+    counts[f'{mode}/chosen_unverified'] += sum(c is None for c in chosen.values())
+    usable = [e for e in examples if chosen[e.id] is not None]
+    for start in tqdm.trange(0, len(usable), chunk, desc=f'DPO pairs ({mode})', unit='batch',
+                             disable=jax.process_index() != 0):
+      batch = usable[start:start + chunk]
+      prompts = [rollouts.render_prompt(tokenizer, e, mode) for e in batch]
+      chunk_rng = jax.random.fold_in(jax.random.fold_in(rng, mode_index), start)
+      groups = rollouts.generate_and_score(
+          model_config, params, tokenizer, batch, prompts, chunk_rng,
+          samples_per_prompt=settings.samples_per_prompt, sampling_settings=config.sampling, max_tool_turns=0,
+          max_tool_result_tokens=0, language_penalty=0.0, drop_overlong=False)
+      for example, prompt, group in zip(batch, prompts, groups):
+        reply = chosen[example.id]
+        if reply['tokens'][:len(prompt)].tolist() != prompt:  # one chat template for both replies
+          raise ValueError(f'example {example.id}: the rendered reference reply does not start with its prompt')
+        chosen_length = int(reply['loss_mask'].sum())
+        made = collections.Counter()
+        counts[f'{mode}/samples'] += len(group)
+        for index, scored in enumerate(group):
+          kind = pair_kind(mode, chosen_length, scored, settings)
+          if kind is None or made[kind] >= settings.pairs_per_prompt:
+            continue
+          made[kind] += 1
+          counts[f'{mode}/{kind}'] += 1
+          rollout = scored.rollout
+          pairs.append({
+              'example_id': example.id, 'task': example.task, 'language': example.language, 'kind': kind,
+              'mode': mode, 'policy': config.init_from, 'sampling': sampling_settings, 'sample_index': index,
+              'prompt_length': len(prompt), 'chosen_length': chosen_length,
+              'rejected_length': int(rollout.loss_mask.sum()), 'rejected_correct': scored.verdict.correct,
+              'rejected_stop_reason': rollout.stop_reason,
+              'chosen_text': reply['text'], 'rejected_text': tokenizer.decode(rollout.token_ids[rollout.loss_mask > 0]),
+              'chosen_tokens': reply['tokens'].tolist(), 'chosen_loss_mask': reply['loss_mask'].tolist(),
+              'rejected_tokens': [*prompt, *rollout.token_ids.tolist()],
+              'rejected_loss_mask': [0] * len(prompt) + rollout.loss_mask.tolist()})
+  return pairs, summarize_pairs(pairs, counts, len(examples))
+
+
+def summarize_pairs(pairs: Sequence[Mapping[str, Any]], counts: Mapping[str, int], prompts: int) -> dict[str, Any]:
+  """Counts per kind, task and language, mean lengths, and how often the rejected reply was correct."""
+  groups = collections.defaultdict(list)
+  for pair in pairs:
+    for key in ('all', pair['kind'], f'{pair["kind"]}/{pair["task"]}/{pair["language"]}'):
+      groups[key].append(pair)
+  return {'prompts': prompts, 'sampling': dict(counts), 'pairs': {key: {
+      'pairs': len(members),
+      'chosen_length': evals_core.mean(p['chosen_length'] for p in members),
+      'rejected_length': evals_core.mean(p['rejected_length'] for p in members),
+      'rejected_correct': evals_core.mean(bool(p['rejected_correct']) for p in members)}
+      for key, members in sorted(groups.items())}}
+
+
+def read_pairs(path: pathlib.Path) -> list[dict[str, Any]]:
+  """A pair file (one JSON object per line with chosen_/rejected_ tokens and loss_mask); a malformed
+  line is a UserError naming file:line."""
+  try:
+    lines = path.read_text(encoding='utf-8').splitlines()
+  except FileNotFoundError:
+    raise FileNotFoundError(f'{path}: no such DPO pair file (config.dpo.pairs_file); set it to "" to build '
+                            'pairs from the policy') from None
+  pairs = []
+  for number, line in enumerate(lines, start=1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+      for side in SIDES:
+        tokens, mask = record[f'{side}_tokens'], record[f'{side}_loss_mask']
+        if (not isinstance(tokens, list) or not isinstance(mask, list) or len(tokens) != len(mask) or len(tokens) < 2
+            or not all(type(t) is int and t >= 0 for t in tokens) or not all(m in (0, 1) for m in mask)
+            or not any(mask[1:])):
+          raise ValueError(f'{side}_tokens must be token ids and {side}_loss_mask as many 0/1 values with a 1 '
+                           'after the first token')
+    except (ValueError, KeyError, TypeError) as e:  # json.JSONDecodeError is a ValueError
+      reason = f'missing field {e}' if isinstance(e, KeyError) else str(e)
+      raise config_lib.UserError(f'{path}:{number}: not a DPO pair ({reason}); expected a line of '
+                                 f'{PAIRS_FILE} as the dpo stage writes it') from None
+    pairs.append(record)
+  if not pairs:
+    raise config_lib.UserError(f'{path}: no DPO pairs in this file')
+  return pairs
+
+
+def _write_atomically(path: pathlib.Path, text: str) -> None:
+  if jax.process_index() == 0:
+    tmp = path.with_name(path.name + '.tmp')
+    tmp.write_text(text, encoding='utf-8')
+    tmp.replace(path)
+
+
+def load_or_build_pairs(config, workdir: pathlib.Path, model_config: model.ModelConfig, params: Any,
+                        tokenizer: Tokenizer) -> list[dict[str, Any]]:
+  """`config.dpo.pairs_file` if set; else the workdir's pairs if built under this config's fingerprint
+  (another fingerprint is a UserError); else pairs built now and written to the workdir."""
+  if config.dpo.pairs_file:
+    pairs = read_pairs(pathlib.Path(config.dpo.pairs_file))
+    logging.info('DPO pairs: %d from %s (config.dpo.pairs_file)', len(pairs), config.dpo.pairs_file)
+    return pairs
+  summary_path, pairs_path = workdir / PAIRS_SUMMARY, workdir / PAIRS_FILE
+  if summary_path.is_file():
+    saved = json.loads(summary_path.read_text())['fingerprint']
+    if saved != pairs_fingerprint(config):
+      differ = sorted(k for k in saved.keys() | pairs_fingerprint(config).keys()
+                      if saved.get(k) != pairs_fingerprint(config).get(k))
+      raise config_lib.UserError(
+          f'{summary_path}: DPO pairs were built under another config ({", ".join(differ)} differ: '
+          f'{ {k: saved.get(k) for k in differ} } there); use a new --workdir, or delete {PAIRS_FILE} and '
+          f'{PAIRS_SUMMARY} there to build pairs again')
+    pairs = read_pairs(pairs_path)
+    logging.info('DPO pairs: reusing %s (%d pairs)', pairs_path, len(pairs))
+    return pairs
+  examples = pair_prompts(config.dpo, tokenizer, seed=config.seed)
+  pairs, summary = build_pairs(config, model_config, params, tokenizer, examples)
+  if not pairs:
+    raise config_lib.UserError(
+        f'no DPO pair from {len(examples)} prompts × {config.dpo.samples_per_prompt} samples of '
+        f'{config.init_from!r} ({summary["sampling"]}); sample more (config.dpo.pair_prompts, samples_per_prompt) '
+        'or loosen config.dpo.verbose_min_ratio / verbose_min_extra')
+  _write_atomically(pairs_path, ''.join(json.dumps(p, ensure_ascii=False) + '\n' for p in pairs))
+  _write_atomically(summary_path, json.dumps({'fingerprint': pairs_fingerprint(config), **summary}, indent=1,
+                                             ensure_ascii=False) + '\n')
+  logging.info('DPO pairs: built %d from %d prompts → %s: %s', len(pairs), len(examples), pairs_path,
+               {k: v['pairs'] for k, v in summary['pairs'].items() if '/' not in k})
+  return pairs
+
+
+# ---- reference log-probs -------------------------------------------------------------------------------
+
+
+def params_digest(params: Any) -> str:
+  """sha256 over every leaf's path, dtype, shape and bytes: the model's identity."""
+  digest = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    value = np.asarray(jax.device_get(leaf))
+    digest.update(f'{jax.tree_util.keystr(path)}:{value.dtype}:{value.shape};'.encode())
+    digest.update(np.ascontiguousarray(value).tobytes())
+  return digest.hexdigest()
+
+
+def pairs_digest(pairs: Sequence[Mapping[str, Any]]) -> str:
+  """sha256 over every pair's tokens and loss masks, in order: the data's identity."""
+  digest = hashlib.sha256()
+  for pair in pairs:
+    digest.update(json.dumps([pair[f'{side}_{feature}'] for side in SIDES for feature in FEATURES]).encode())
+  return digest.hexdigest()
+
+
+def reference_key(model_digest: str, data_digest: str) -> str:
+  return hashlib.sha256(json.dumps({'model': model_digest, 'data': data_digest, 'format': 1}).encode()).hexdigest()
+
+
+def compute_reference_logps(model_config: model.ModelConfig, params: Any, pairs: Sequence[Mapping[str, Any]], *,
+                            mesh: jax.sharding.Mesh, batch_size: int, length_multiple: int) -> np.ndarray:
+  """[pairs, 2] summed response log-probs (chosen, rejected) under `params`, `batch_size` pairs at a
+  time (the last batch filled with repeats, so every batch has the same row count)."""
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  logps = step_lib.MeshFunction(functools.partial(_jitted_pair_logps, model_config), mesh, replicated)
+  out = []
+  for start in tqdm.trange(0, len(pairs), batch_size, desc='DPO reference log-probs', unit='batch',
+                           disable=jax.process_index() != 0):
+    indices = [min(i, len(pairs) - 1) for i in range(start, start + batch_size)]
+    batch = pair_batch(pairs, indices, length_multiple=length_multiple)
+    out.append(np.asarray(jax.device_get(logps(params, logps.put_batch(batch))))[:len(pairs) - start])
+  return np.concatenate(out)
+
+
+def reference_logps(workdir: pathlib.Path, model_config: model.ModelConfig, params: Any,
+                    pairs: Sequence[Mapping[str, Any]], *, mesh: jax.sharding.Mesh, batch_size: int,
+                    length_multiple: int) -> np.ndarray:
+  """`compute_reference_logps`, cached in `workdir/dpo_reference.npz` under `reference_key` of the
+  params and the pairs: reused when both are unchanged, recomputed (and the cache replaced) otherwise."""
+  path = workdir / REFERENCE_FILE
+  key = reference_key(params_digest(params), pairs_digest(pairs))
+  if path.is_file():
+    with np.load(path) as cached:
+      if str(cached['key']) == key and cached['logps'].shape == (len(pairs), 2):
+        logging.info('DPO reference log-probs: reusing %s', path)
+        return cached['logps']
+    logging.info('DPO reference log-probs: %s was made for another model or other pairs; recomputing', path)
+  logps = compute_reference_logps(model_config, params, pairs, mesh=mesh, batch_size=batch_size,
+                                  length_multiple=length_multiple)
+  if jax.process_index() == 0:
+    tmp = path.with_name(path.name + '.tmp.npz')
+    np.savez(tmp, key=np.asarray(key), logps=logps)
+    tmp.replace(path)
+  return logps
+
+
+# ---- the stage --------------------------------------------------------------------------------------
+
+
+def run(config, workdir: str) -> None:
+  if loop.is_finished(config, workdir):
+    loop.finish_without_training(config, workdir)
+    return
+  workdir = pathlib.Path(workdir)
+  settings = config.dpo
+  model_config, params = state_lib.initial_model(config.init_from)
+  tokenizer = tokenizer_lib.default()
+  state_lib.check_vocab(config.init_from, model_config, tokenizer)
+  mesh = sharding.make_mesh(dict(config.mesh))
+  optimizer = optim.make(config)
+  state = state_lib.create(model_config, optimizer, mesh, seed=config.seed, params=params)
+  del params  # the state holds the starting params now (its own copy, donated each step)
+
+  # The starting params, before a resumed run restores its checkpoint: the policy that samples and the reference.
+  pairs = load_or_build_pairs(config, workdir, model_config, state.params, tokenizer)
+  reference = reference_logps(workdir, model_config, state.params, pairs, mesh=mesh,
+                              batch_size=settings.reference_batch_size, length_multiple=settings.length_multiple)
+  if config.batch_size % jax.process_count():
+    raise ValueError(f'config.batch_size={config.batch_size} pairs per step does not split over '
+                     f'{jax.process_count()} processes')
+  batches = training_batches(pairs, reference, batch_size=config.batch_size // jax.process_count(), seed=config.seed,
+                             length_multiple=settings.length_multiple)
+
+  eval_settings = evals_core.Settings.from_config(settings.task_eval)
+
+  def eval_fn(params, step):
+    del step
+    return evals_core.evaluate(model_config, jax.device_get(params), tokenizer, eval_settings)
+
+  loss = functools.partial(loss_fn, model_config=model_config, beta=settings.beta, loss_type=settings.loss_type,
+                           label_smoothing=settings.label_smoothing, sft_weight=settings.sft_weight)
+  update_fn = step_lib.make_update_fn(loss, optimizer, step_lib.state_shardings_of(state), mesh=mesh,
+                                      learning_rate=optim.learning_rate_schedule(config),
+                                      grad_accum_steps=config.grad_accum_steps, denominator='pairs')
+  loop.run_training(config, workdir, state=state, update_fn=update_fn, batches=batches,
+                    eval_fn=eval_fn if eval_settings.per_task_language else None, model_config=model_config)

@@ -1,0 +1,308 @@
+"""Offline DPO (DESIGN §5): each loss variant against hand-computed values, response-only masks, the pair
+builder, the cached reference log-probs, and the command line end to end (with a resume)."""
+
+import dataclasses
+import importlib.util
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import main_runs
+from luckystar import config as config_lib
+from luckystar import model
+from luckystar import sampling
+from luckystar import tokenizer as tokenizer_lib
+from luckystar.data import suites
+from luckystar.model import sharding
+from luckystar.rewards.reward import Verdict
+from luckystar.train import dpo, metrics, rollouts
+from test_sft import MICRO, host_params
+
+SMOKE = 'configs/dpo.py:smoke'
+
+
+def _config(arg=None):
+  spec = importlib.util.spec_from_file_location('dpo_config', main_runs.ROOT / 'configs' / 'dpo.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+# ---- the loss --------------------------------------------------------------------------------------------
+
+# h = (1.5) − (−0.5) = 2, β = 0.1, ε = 0.1; by hand: −log σ(0.2) = 0.598139, −log σ(−0.2) = 0.798139.
+HAND = {('sigmoid', 0.0): 0.598139,                    # DPO: −log σ(βh)
+        ('sigmoid', 0.1): 0.9 * 0.598139 + 0.1 * 0.798139,   # cDPO = 0.618139
+        ('robust', 0.1): (0.9 * 0.598139 - 0.1 * 0.798139) / 0.8,   # rDPO = 0.573139
+        ('ipo', 0.0): (2.0 - 5.0) ** 2}                # IPO: (h − 1/(2β))² = 9
+
+
+@pytest.mark.parametrize('loss_type, label_smoothing', list(HAND))
+def test_each_loss_variant_equals_the_hand_computed_value(loss_type, label_smoothing):
+  losses = dpo.preference_losses(jnp.array([1.5]), jnp.array([-0.5]), beta=0.1, loss_type=loss_type,
+                                 label_smoothing=label_smoothing)
+  np.testing.assert_allclose(losses, [HAND[loss_type, label_smoothing]], atol=1e-5)
+
+
+def test_loss_settings_are_checked():
+  with pytest.raises(ValueError, match='loss_type'):
+    dpo.preference_losses(jnp.zeros(1), jnp.zeros(1), beta=0.1, loss_type='hinge')
+  with pytest.raises(ValueError, match='label_smoothing'):
+    dpo.preference_losses(jnp.zeros(1), jnp.zeros(1), beta=0.1, label_smoothing=0.5)
+
+
+# A fixture batch of 2 pairs, T = 7: prompt tokens (mask 0), then the reply; pair 1's rejected reply has a
+# spliced tool result (mask 0) in the middle and at the end.
+MASKS = np.array([[[0, 0, 0, 1, 1, 0, 0], [0, 0, 0, 1, 1, 1, 1]],
+                  [[0, 0, 1, 1, 1, 1, 0], [0, 0, 1, 0, 0, 1, 0]]], np.int32)   # [B, 2, T]
+
+
+def _fixture_batch():
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(4, MICRO.vocab_size, MASKS.shape).astype(np.int32)
+  real = np.array([[[1, 1, 1, 1, 1, 0, 0], [1] * 7], [[1, 1, 1, 1, 1, 1, 0], [1] * 7]], np.int32)
+  return {'tokens': tokens * real, 'loss_mask': MASKS, 'segment_ids': real,
+          'positions': np.broadcast_to(np.arange(7, dtype=np.int32), MASKS.shape).copy(),
+          'reference_logps': np.array([[-20.0, -30.0], [-25.0, -22.0]], np.float32)}
+
+
+@pytest.fixture
+def fixed_logits(monkeypatch):
+  """model.apply replaced by fixed logits [2B, T, V] (rows: the chosen replies, then the rejected)."""
+  logits = np.random.default_rng(1).normal(0, 2, (4, 7, MICRO.vocab_size)).astype(np.float32)
+  monkeypatch.setattr(model, 'apply', lambda config, params, tokens, *args, **kwargs: jnp.asarray(logits))
+  return logits
+
+
+def _hand_logps(logits, batch):
+  """Σ over response tokens of log softmax(logits[t])[token t+1], per pair [B, 2], in plain numpy."""
+  log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  out = np.zeros((2, 2))
+  for b in range(2):
+    for s in range(2):
+      row = s * 2 + b
+      out[b, s] = sum(log_probs[row, t, batch['tokens'][b, s, t + 1]] for t in range(6)
+                      if batch['loss_mask'][b, s, t + 1])
+  return out
+
+
+@pytest.mark.parametrize('loss_type, label_smoothing, sft_weight',
+                         [('sigmoid', 0.0, 0.0), ('sigmoid', 0.1, 0.5), ('robust', 0.1, 0.0), ('ipo', 0.0, 0.0)])
+def test_loss_fn_on_the_fixture_batch(fixed_logits, loss_type, label_smoothing, sft_weight):
+  batch = _fixture_batch()
+  loss, aux = dpo.loss_fn(None, batch, None, model_config=MICRO, beta=0.1, loss_type=loss_type,
+                          label_smoothing=label_smoothing, sft_weight=sft_weight)
+  logps = _hand_logps(fixed_logits, batch)
+  h = (logps[:, 0] - batch['reference_logps'][:, 0]) - (logps[:, 1] - batch['reference_logps'][:, 1])
+  log_sigmoid = lambda x: -np.log1p(np.exp(-x))
+  eps = label_smoothing
+  per_pair = {'sigmoid': -(1 - eps) * log_sigmoid(0.1 * h) - eps * log_sigmoid(-0.1 * h),
+              'robust': (-(1 - eps) * log_sigmoid(0.1 * h) + eps * log_sigmoid(-0.1 * h)) / (1 - 2 * eps),
+              'ipo': (h - 5.0) ** 2}[loss_type]
+  lengths = np.array([[2, 4], [4, 2]])     # response tokens after position 0
+  nll = (-logps[:, 0] / lengths[:, 0]).mean()
+  np.testing.assert_allclose(loss, per_pair.mean() + sft_weight * nll, rtol=1e-5)
+  rewards = 0.1 * (logps - batch['reference_logps'])
+  expected = {'rewards/chosen': rewards[:, 0].mean(), 'rewards/rejected': rewards[:, 1].mean(),
+              'rewards/margins': (rewards[:, 0] - rewards[:, 1]).mean(),
+              'rewards/accuracies': (rewards[:, 0] > rewards[:, 1]).mean(),
+              'logps/chosen': logps[:, 0].mean(), 'logps/rejected': logps[:, 1].mean(),
+              'response_length/chosen': 3.0, 'response_length/rejected': 3.0, 'sft_loss': nll, 'pairs': 2.0}
+  for name, value in expected.items():
+    np.testing.assert_allclose(aux[name], value, rtol=1e-5, err_msg=name)
+
+
+def test_prompt_and_tool_tokens_never_contribute(fixed_logits, monkeypatch):
+  batch = _fixture_batch()
+  loss, aux = dpo.loss_fn(None, batch, None, model_config=MICRO, sft_weight=0.5)
+  # Logits at positions whose next token is not a response token (prompt, tool result, padding).
+  rows = np.concatenate([batch['loss_mask'][:, 0], batch['loss_mask'][:, 1]])[:, 1:]    # [2B, T-1]
+  changed = fixed_logits.copy()
+  changed[:, :-1][rows == 0] += np.random.default_rng(2).normal(0, 5, (int((rows == 0).sum()), MICRO.vocab_size))
+  changed[:, -1] += np.random.default_rng(4).normal(0, 5, MICRO.vocab_size)   # the last predicts nothing
+  monkeypatch.setattr(model, 'apply', lambda *args, **kwargs: jnp.asarray(changed))
+  same, same_aux = dpo.loss_fn(None, batch, None, model_config=MICRO, sft_weight=0.5)
+  np.testing.assert_allclose(same, loss, rtol=1e-6)
+  np.testing.assert_allclose(same_aux['logps/rejected'], aux['logps/rejected'], rtol=1e-6)
+  changed[1, 3] += np.random.default_rng(3).normal(0, 5, MICRO.vocab_size)   # a response position: it moves
+  assert abs(float(dpo.loss_fn(None, batch, None, model_config=MICRO, sft_weight=0.5)[0]) - float(loss)) > 1e-4
+
+
+def test_trailing_tool_tokens_never_contribute_with_a_real_model():
+  params = host_params(MICRO, 0)
+  batch = _fixture_batch()
+  loss = jax.jit(lambda batch: dpo.loss_fn(params, batch, None, model_config=MICRO)[0])
+  changed = {k: v.copy() for k, v in batch.items()}
+  changed['tokens'][1, 1, 6] = 7 if batch['tokens'][1, 1, 6] != 7 else 8   # a tool token at the end (mask 0)
+  np.testing.assert_allclose(loss(changed), loss(batch), rtol=1e-6)
+  changed['tokens'][1, 1, 5] = 7 if batch['tokens'][1, 1, 5] != 7 else 8   # a response token
+  assert abs(float(loss(changed)) - float(loss(batch))) > 1e-6
+
+
+# ---- batches and pairs ------------------------------------------------------------------------------------
+
+
+def _pair(chosen, rejected, chosen_mask, rejected_mask, **extra):
+  return {'chosen_tokens': chosen, 'chosen_loss_mask': chosen_mask, 'rejected_tokens': rejected,
+          'rejected_loss_mask': rejected_mask, **extra}
+
+
+def test_pair_batch_pads_and_keeps_a_pair_in_one_row():
+  pairs = [_pair([2, 5, 6], [2, 5, 7, 8, 9], [0, 1, 1], [0, 1, 1, 0, 1]), _pair([2, 3], [2, 4], [0, 1], [0, 1])]
+  batch = dpo.pair_batch(pairs, np.array([1, 0]), np.array([[-1.0, -2.0], [-3.0, -4.0]]), length_multiple=4)
+  assert batch['tokens'].shape == (2, 2, 8)
+  assert batch['tokens'][1, 1].tolist() == [2, 5, 7, 8, 9, 0, 0, 0]
+  assert batch['loss_mask'][1, 1].tolist() == [0, 1, 1, 0, 1, 0, 0, 0]
+  assert batch['segment_ids'][0, 0].tolist() == [1, 1, 0, 0, 0, 0, 0, 0]
+  assert batch['reference_logps'].tolist() == [[-3.0, -4.0], [-1.0, -2.0]]
+  rows = dpo.flatten_pairs(batch)
+  assert rows['tokens'].shape == (4, 8) and rows['tokens'][2].tolist() == batch['tokens'][0, 1].tolist()
+
+
+def _scored(example, tokenizer, response, *, correct, mismatch=False, thinking=None):
+  turn = tokenizer_lib.AssistantTurn(thinking=thinking, response=response, ended=True)
+  ids = tokenizer.render([{'role': 'assistant', 'thinking': thinking, 'response': response}], 'concise')[0]
+  ids = ids[ids.index(tokenizer.special_ids[tokenizer_lib.ROLE_TOKENS['assistant']]) + 1:]   # after the header
+  zeros = np.zeros(len(ids), np.float32)
+  rollout = sampling.Rollout(token_ids=np.asarray(ids, np.int32), loss_mask=np.ones(len(ids), np.int32),
+                             logprobs=zeros, untruncated_logprobs=zeros, actions=[], final_turn=turn,
+                             stop_reason='end_of_turn')
+  return rollouts.Scored(example, rollout, Verdict(correct=correct, format_ok=True, language_mismatch=mismatch,
+                                                   reward=float(correct)))
+
+
+def test_build_pairs_kinds_limits_and_provenance(monkeypatch):
+  tokenizer = tokenizer_lib.default()
+  examples = [suites.load('math', 'train')[0], suites.load('chat', 'train')[0]]
+  long_thinking = 'First I add the numbers, then I take away the ones given to a friend, step by step. ' * 2
+
+  def fake_generate_and_score(model_config, params, tokenizer_, batch, prompts, rng, *, samples_per_prompt, **kwargs):
+    assert samples_per_prompt == 4 and kwargs['sampling_settings'].temperature == 1.0
+    return [[_scored(e, tokenizer, e.answer, correct=True),                                   # short: no pair
+             _scored(e, tokenizer, e.answer, correct=True, thinking=long_thinking),            # verbose: a pair
+             _scored(e, tokenizer, 'Wrong.', correct=False, thinking=long_thinking),           # verbose, limit 1
+             _scored(e, tokenizer, 'Wrong language.', correct=False, mismatch=True)]           # language pair
+            for e in batch]
+
+  monkeypatch.setattr(rollouts, 'generate_and_score', fake_generate_and_score)
+  config = _config()
+  pairs, summary = dpo.build_pairs(config, None, None, tokenizer, examples)
+  assert [(p['example_id'], p['kind'], p['sample_index']) for p in pairs] == [
+      (examples[0].id, 'concise', 1), (examples[0].id, 'language', 3),
+      (examples[1].id, 'concise', 1), (examples[1].id, 'language', 3)]
+  assert summary['pairs']['concise']['pairs'] == 2 and summary['pairs']['concise']['rejected_correct'] == 1.0
+  for pair in pairs:
+    prompt = rollouts.render_prompt(tokenizer, examples[[e.id for e in examples].index(pair['example_id'])], 'concise')
+    assert pair['chosen_tokens'][:len(prompt)] == pair['rejected_tokens'][:len(prompt)] == prompt
+    assert not any(pair['chosen_loss_mask'][:len(prompt)]) and not any(pair['rejected_loss_mask'][:len(prompt)])
+    assert pair['chosen_length'] == sum(pair['chosen_loss_mask'])
+    assert pair['rejected_length'] == sum(pair['rejected_loss_mask'])
+    assert pair['sampling'] == dict(config.sampling) and pair['mode'] == 'concise' and pair['policy'] == 'tiny-sft'
+    if pair['kind'] == 'concise':
+      assert pair['rejected_length'] >= max(1.5 * pair['chosen_length'], pair['chosen_length'] + 8)
+  assert pairs[0]['chosen_text'] == examples[0].response
+
+
+def test_an_unverifiable_reference_reply_is_not_chosen():
+  tokenizer = tokenizer_lib.default()
+  example = suites.load('math', 'train')[0]
+  assert dpo.chosen_reply(tokenizer, example, 'concise') is not None
+  wrong = dataclasses.replace(example, response='The answer is 1234567.')
+  assert dpo.chosen_reply(tokenizer, wrong, 'concise') is None
+
+
+def test_a_malformed_pair_file_names_its_line(tmp_path):
+  path = tmp_path / 'pairs.jsonl'
+  good = _pair([2, 5], [2, 6], [0, 1], [0, 1])
+  path.write_text(json.dumps(good) + '\n' + json.dumps({**good, 'rejected_loss_mask': [0, 0]}) + '\n')
+  with pytest.raises(config_lib.UserError, match=r'pairs.jsonl:2: not a DPO pair'):
+    dpo.read_pairs(path)
+
+
+# ---- the cached reference log-probs ----------------------------------------------------------------------
+
+
+def test_reference_logps_are_cached_reused_and_invalidated(tmp_path, monkeypatch):
+  calls = []
+  compute = dpo.compute_reference_logps
+  monkeypatch.setattr(dpo, 'compute_reference_logps',
+                      lambda *args, **kwargs: calls.append(1) or compute(*args, **kwargs))
+  mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+  rng = np.random.default_rng(3)
+  pairs = [_pair(rng.integers(4, 64, 9).tolist(), rng.integers(4, 64, 6).tolist(), [0] * 4 + [1] * 5,
+                 [0] * 4 + [1] * 2) for _ in range(3)]
+  params = host_params(MICRO, 0)
+  get = lambda params, pairs: dpo.reference_logps(tmp_path, MICRO, params, pairs, mesh=mesh, batch_size=2,
+                                                  length_multiple=8)
+  first = get(params, pairs)
+  assert len(calls) == 1 and first.shape == (3, 2) and (tmp_path / dpo.REFERENCE_FILE).is_file()
+  direct = jax.jit(dpo.pair_logps, static_argnums=0)(MICRO, params, dpo.pair_batch(pairs, range(3), length_multiple=8))
+  np.testing.assert_allclose(first, direct, rtol=1e-5)
+  np.testing.assert_array_equal(get(params, pairs), first)                    # a second run: reused
+  assert len(calls) == 1
+  other_params = jax.tree.map(lambda x: x * 1.01, params)
+  changed = get(other_params, pairs)                                          # another model: recomputed
+  assert len(calls) == 2 and not np.allclose(changed, first)
+  other_pairs = [dict(pairs[0], rejected_tokens=pairs[0]['rejected_tokens'][:-1] + [5]), *pairs[1:]]
+  get(other_params, other_pairs)                                              # other data: recomputed
+  assert len(calls) == 3
+  get(other_params, other_pairs)
+  assert len(calls) == 3
+
+
+# ---- the command line, end to end ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+  """configs/dpo.py:smoke (3 steps), then the same command with one more step on the same workdir."""
+  root = tmp_path_factory.mktemp('dpo')
+  workdir, cache = root / 'run', root / 'jax_cache'
+  code, log = main_runs.finish(main_runs.start(SMOKE, workdir, cache_dir=cache))
+  assert code == 0, log[-3000:]
+  first = (workdir / 'metrics.jsonl').read_text()
+  code, resume_log = main_runs.finish(main_runs.start(SMOKE, workdir, cache_dir=cache,
+                                                      overrides=['--config.total_steps=4']))
+  assert code == 0, resume_log[-3000:]
+  return {'workdir': workdir, 'log': log, 'first_metrics': first, 'resume_log': resume_log}
+
+
+def test_smoke_run_logs_trl_metrics_and_both_eval_modes(runs):
+  rows = metrics.read(runs['workdir'])
+  assert [r['step'] for r in rows] == [0, 1, 2, 3, 4]
+  for name in ('train/loss', 'train/rewards/chosen', 'train/rewards/rejected', 'train/rewards/margins',
+               'train/rewards/accuracies', 'train/logps/chosen', 'train/logps/rejected',
+               'train/response_length/chosen', 'train/response_length/rejected'):
+    assert name in rows[1], name
+  # Step 1's policy is the starting policy: its log-probs equal the cached reference's, so h = 0.
+  assert rows[1]['train/loss'] == pytest.approx(math.log(2), abs=1e-4)
+  assert rows[1]['train/rewards/margins'] == pytest.approx(0.0, abs=1e-3)
+  assert rows[3]['train/rewards/margins'] > 0 and rows[3]['train/loss'] < math.log(2)
+  for mode in ('concise', 'reasoning'):
+    for name in (f'eval/{mode}/correctness', f'eval/{mode}/response_length'):
+      assert name in rows[0] and name in rows[-1], name
+  pairs = [json.loads(line) for line in (runs['workdir'] / dpo.PAIRS_FILE).read_text().splitlines()]
+  assert pairs and {'example_id', 'task', 'language', 'kind', 'sampling', 'chosen_length', 'rejected_length',
+                    'rejected_correct'} <= set(pairs[0])
+
+
+def test_rerun_resumes_and_reuses_pairs_and_reference(runs):
+  log = runs['resume_log']
+  assert 'resumed from' in log and 'at step 3' in log
+  assert 'DPO pairs: reusing' in log and 'DPO reference log-probs: reusing' in log
+  first = [json.loads(line) for line in runs['first_metrics'].splitlines()]
+  again = metrics.read(runs['workdir'])[:4]
+  # Steps 1-3 were not retrained; the resumed run's step 4 follows from the restored state.
+  assert [r['step'] for r in first] == [r['step'] for r in again] == [0, 1, 2, 3]
+  assert first[1]['train/loss'] == again[1]['train/loss']
+
+
+def test_changed_pair_settings_are_a_clear_error(runs):
+  config = _config('smoke')
+  config.dpo.samples_per_prompt = 3
+  with pytest.raises(config_lib.UserError, match='samples_per_prompt'):
+    dpo.load_or_build_pairs(config, runs['workdir'], None, None, None)

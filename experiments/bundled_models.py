@@ -1,6 +1,6 @@
 """Builds the bundled models (DESIGN §7) from the repo's own configs and seeds, and their README table.
 
-    python experiments/bundled_models.py tiny-base     # ≈ 25 min on 2 CPU cores
+    python experiments/bundled_models.py tiny-base     # ≈ 60 min on 2 CPU cores
     python experiments/bundled_models.py tiny-sft      # from the shipped tiny-base; ≈ 30 min
     python experiments/bundled_models.py --eval_only tiny-base tiny-sft   # re-evaluate what ships
 

@@ -53,12 +53,15 @@ def test_tiny_sft_does_not_think_in_concise_mode(sft_replies):
 
 
 def test_tiny_base_is_a_concise_chat_model():
-  """Facts it was taught in other words: these phrasings are in the held-out split."""
+  """Held-out knowledge questions (facts taught in other words; arithmetic left out): the shipped
+  `tiny-base` answered 17 of 21 English and 23 of 44 overall when it was built."""
   base = luckystar.load('tiny-base')
-  questions = ['Germany has which city as its capital?', '독일의 수도 이름은 무엇인가요?']
-  assert {e.split for e in suites.load('chat') if e.prompt in questions} == {'heldout'}
-  replies = base.generate(questions, mode='concise', max_new_tokens=24)
-  assert [r.response for r in replies] == ['The capital of Germany is Berlin.', '독일의 수도는 베를린입니다.']
+  examples = [e for e in suites.load('chat', 'heldout') if e.meta['kind'] not in ('sum', 'minutes')]
+  replies = base.generate([e.prompt for e in examples], mode='concise', max_new_tokens=24)
+  correct = [e.answer in r.response for e, r in zip(examples, replies)]
+  english = [ok for ok, e in zip(correct, examples) if e.language == 'en']
+  assert all(r.thinking is None for r in replies)
+  assert sum(english) >= 0.6 * len(english) and sum(correct) >= 0.4 * len(correct)
 
 
 def test_save_hf_round_trips_and_transformers_reads_it(tmp_path):

@@ -3,7 +3,7 @@
 import pytest
 
 from luckystar import tokenizer as tokenizer_lib
-from luckystar.data import conversations, suites
+from luckystar.data import conversations, korean_mc, suites
 from luckystar.rewards import reward
 
 TASKS = ('math', 'function_calling', 'korean_mc', 'chat', 'nl2sql')
@@ -63,7 +63,13 @@ def test_sft_sources_follow_the_hybrid_mixture(tok):
 def test_base_sources_are_concise_conversations_and_plain_text(tok):
   sources, weights = conversations.base_sources(tok, text_lines=400)
   assert set(sources) == set(weights) == {'chat', 'korean_mc', 'math', 'text'}
-  assert len(sources['korean_mc']) == len(suites.load('korean_mc', 'train'))
+  # Korean MC: the suite's train questions plus more option orders of the same train sentences.
+  suite = suites.load('korean_mc', 'train')
+  assert len(sources['korean_mc']) > 2 * len(suite)
+  base_mc = [e for e in korean_mc.suite(0, count=conversations.BASE_KOREAN_MC_DRAWS) if e.split == 'train']
+  assert base_mc[:len(suite)] == suite
+  sentence = lambda e: e.prompt.split('문장: ')[1].split('\n')[0]
+  assert not {sentence(e) for e in base_mc} & {sentence(e) for e in suites.load('korean_mc', 'heldout')}
   reasoning_preamble = tok.encode(tokenizer_lib.PREAMBLES['reasoning'])
   thinking = tok.special_ids['<|START_THINKING|>']
   for item in sources['chat'] + sources['math']:

@@ -143,7 +143,7 @@ def test_teacher_sources_use_only_teacher_split_prompts(tok):
   splits = {split: {e.prompt for task in suites.TASKS for e in suites.load(task, split)}
             for split in ('teacher', 'train', 'heldout')}
   for mode, tasks in (('reasoning', ('nl2sql', 'math', 'function_calling', 'korean_mc', 'chat')),
-                      ('concise', ('chat', 'korean_mc', 'math'))):
+                      ('concise', conversations.CONCISE_TASKS)):
     assert len(sources[mode]) == sum(len(suites.load(task, 'teacher')) for task in tasks), mode
     prompts = {_user_text(tok, item['tokens']) for item in sources[mode]}
     assert prompts <= splits['teacher'], mode

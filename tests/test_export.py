@@ -10,6 +10,7 @@ import luckystar
 from luckystar import api
 from luckystar import model as model_lib
 from luckystar import quant
+from luckystar import tokenizer as tokenizer_lib
 from luckystar.interop import hf
 from luckystar.model.config import ModelConfig, pattern_layer_types
 from luckystar.quant import compressed
@@ -208,3 +209,22 @@ def test_apply_chat_template_renders_our_template_in_both_modes(hf_tokenizer_dir
         assert theirs.encode(text, add_special_tokens=False) == want
   with pytest.raises(Exception, match='unknown mode'):
     theirs.apply_chat_template(conversation, mode='verbose', tokenize=False)
+
+
+@pytest.mark.parametrize('name', ['tiny-sft', 'random:small'])
+def test_float_export_of_tiny_sft_and_a_random_small_matches_transformers(name, tmp_path):
+  """Issue 7 acceptance 1: the fp32 export of the bundled `tiny-sft` and of a random `small` loads
+  in transformers with logits within 1e-4 (max abs) of ours, and AutoTokenizer ids equal ours."""
+  if name == 'tiny-sft':
+    ours = luckystar.load(name)
+  else:
+    config = model_lib.get('small')
+    ours = api.Model(config, model_lib.init(config, jax.random.key(3)), tokenizer_lib.default())
+  ours.save_hf(tmp_path / 'hf', dtype='float32')
+  texts = ['서울의 인구는 약 940만 명입니다.', 'What is 17 + 25? Think step by step.']
+  ids = [ours.tokenizer.encode(t) for t in texts]
+  auto = transformers.AutoTokenizer.from_pretrained(tmp_path / 'hf')
+  assert [auto.encode(t, add_special_tokens=False) for t in texts] == ids
+  tokens = np.asarray([ids[0][:12], ids[1][:12]])
+  _, theirs = _transformers_logits(tmp_path / 'hf', tokens)
+  np.testing.assert_allclose(np.asarray(ours.logits(tokens)), theirs, atol=1e-4, rtol=0)

@@ -1,5 +1,8 @@
 """The config keys every stage shares (DESIGN §8); `configs/*.py` start from `base(stage)`."""
 
+import importlib.util
+import pathlib
+
 import ml_collections
 
 class UserError(Exception):
@@ -37,3 +40,12 @@ def base(stage: str) -> ml_collections.ConfigDict:
   config.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=256))
   config[stage] = ml_collections.ConfigDict()
   return config
+
+
+def from_file(path: str | pathlib.Path, arg: str | None = None) -> ml_collections.ConfigDict:
+  """`get_config(arg)` of a config file such as configs/rlvr.py, as `--config=path[:arg]` loads it;
+  for scripts that build a stage's config in process (benchmarks)."""
+  spec = importlib.util.spec_from_file_location(pathlib.Path(path).stem + '_config', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)

@@ -27,7 +27,6 @@ backward, clipping, AdamW (TRL's own overhead is not in it, so it is a lower bou
 
 import argparse
 import functools
-import importlib.util
 import os
 import pathlib
 import time
@@ -35,6 +34,7 @@ import time
 import jax
 import numpy as np
 
+from luckystar import config as config_lib
 from luckystar import model
 from luckystar.model import sharding
 from luckystar.train import dpo, optim
@@ -50,10 +50,7 @@ GOAL_SECONDS = 0.3
 
 def stage_config(size: str, pairs: int):
   """configs/dpo.py on a random model of `size`, `pairs` pairs per step."""
-  spec = importlib.util.spec_from_file_location('dpo_config', DPO_CONFIG)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = config_lib.from_file(DPO_CONFIG)
   config.init_from = f'random:{size}'
   config.batch_size = pairs
   return config

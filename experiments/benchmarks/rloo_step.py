@@ -28,7 +28,6 @@ on 2 CPU cores; goal ≤ 2 s.
 import argparse
 import contextlib
 import functools
-import importlib.util
 import os
 import pathlib
 import time
@@ -36,6 +35,7 @@ import time
 import jax
 import numpy as np
 
+from luckystar import config as config_lib
 from luckystar import model
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.model import sharding
@@ -51,10 +51,7 @@ PHASES = ('rollout', 'scoring', 'batch', 'update')
 
 def stage_config(size: str, prompts: int, samples_per_prompt: int, new_tokens: int):
   """configs/rlvr.py on a random model of `size`, at the benchmark's shape."""
-  spec = importlib.util.spec_from_file_location('rlvr_config', RLVR_CONFIG)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = config_lib.from_file(RLVR_CONFIG)
   config.init_from = f'random:{size}'
   config.batch_size = prompts
   config.rlvr.samples_per_prompt = samples_per_prompt

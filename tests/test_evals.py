@@ -50,3 +50,18 @@ def test_hybrid_format_wants_english_thinking_and_the_prompts_language():
   assert not ok(None, '정답은 7입니다.')                            # no thinking section
   assert not ok('Add 3 and 4 to get 7.', None)                     # no response
   assert not ok('Add 3 and 4 to get 7.', 'The answer is 7.', mismatch=True)
+  # English reasoning that quotes the Korean sentence it is about is English thinking; Korean prose is not.
+  quoted = 'The noun "가방" ends in "방", which has final consonant, so the object particle is "을": "우리는 어제 가방을 샀다.". That is option C.'
+  assert ok(quoted, '우리는 어제 가방을 샀다. 정답: C')
+  assert not ok('명사 "가방"은 받침이 있으므로 "을"을 씁니다.', '정답: C')
+
+
+def test_every_gold_korean_mc_trace_meets_the_hybrid_format():
+  from luckystar.data import conversations, suites
+  from luckystar.rewards import reward
+  from luckystar.tokenizer import AssistantTurn
+  for example in suites.load('korean_mc', 'heldout')[:40]:
+    turn = conversations.messages(example, 'reasoning')[-1]
+    verdict = reward.score(example, AssistantTurn(thinking=turn['thinking'], response=turn['response']), [])
+    assert verdict.correct and core.hybrid_format_ok(AssistantTurn(**{k: turn[k] for k in ('thinking', 'response')}),
+                                                     verdict), turn

@@ -124,8 +124,9 @@ def korean_mismatch_rate(results: Sequence[tuple[Example, Any, reward.Verdict]])
 
 
 def hybrid_format_ok(turn: Any, verdict: reward.Verdict) -> bool:
-  """English thinking, then a non-empty response in the prompt's language (a bare number counts)."""
-  return (language.detect(turn.thinking) == 'en' and bool((turn.response or '').strip())
+  """English thinking (`language.thinking_language`: quoted material aside), then a non-empty response in
+  the prompt's language (a bare number counts)."""
+  return (language.thinking_language(turn.thinking) == 'en' and bool((turn.response or '').strip())
           and not verdict.language_mismatch)
 
 

@@ -71,6 +71,9 @@ _SQL = re.compile(
     r'|(?i:\bselect\s+(?:\*|distinct\b|top\b|\w+\s*\(|[\w.]+\s*,|\w+\.\w+|\w+\s+from\s+\w+))'
     r'|(?i:\b(?:insert\s+into|delete\s+from|create\s+(?:table|view|index)|drop\s+table)\b))'
     rf'(?:\'[^\'\n]*\'|"[^"\n]*"|[^\n;\'"{_HANGUL}.!?]|[.!?](?=\S))*')
+# Quoted material: "…", “…”, 「…」, 『…』 (one line, bounded length). A reasoning trace that quotes the
+# Korean sentence it reasons about is still English reasoning.
+_QUOTED = re.compile(r'"[^"\n]{0,200}"|“[^”\n]{0,200}”|「[^」\n]{0,200}」|『[^』\n]{0,200}』')
 _WORD_SPLIT = re.compile(r'[\s,;/|]+')
 _PUNCTUATION = '()[]{}<>"\'`.,:;!?…·*#~“”‘’«»「」『』'
 _IDENTIFIER = re.compile(r'_|\d|[a-z][A-Z]|\w\.\w|\w\(|[=<>@$\\]')
@@ -134,6 +137,14 @@ def detect(text: str | None) -> str | None:
   Another script (Chinese, Russian, ...) is None too: it is neither.
   """
   return _decide(word_weights(text or ''), KOREAN_SHARE, ENGLISH_SHARE, MIN_WEIGHT)
+
+
+def thinking_language(text: str | None) -> str | None:
+  """The language a reasoning section is written in: `detect` on its prose, with quoted material
+  (double quotes, “…”, 「…」, 『…』) left out. "The noun "가방" ends in "방", so the particle is "을"."
+  is English reasoning about Korean text; the paper's hybrid contract asks for English reasoning,
+  not for English data."""
+  return detect(_QUOTED.sub(' ', text or ''))
 
 
 def classify_prompt(text: str | None) -> str | None:

@@ -94,8 +94,8 @@ def trace_decisions(prompt_language: str, candidates: Sequence[Candidate]) -> li
   """For one prompt's samples, in order: KEPT, or the first of DROP_REASONS that applies.
 
   Every verified-correct, finished trace is kept once (the first of equal token ids); for a Korean
-  prompt it must also think in English and respond in Korean (DESIGN §5), as `language.detect` reads
-  them (mixed or empty text fails)."""
+  prompt it must also think in English and respond in Korean (DESIGN §5), as `language.thinking_language`
+  and `language.detect` read them (mixed or empty text fails)."""
   seen, decisions = set(), []
   for candidate in candidates:
     if candidate.correct is None:
@@ -104,7 +104,7 @@ def trace_decisions(prompt_language: str, candidates: Sequence[Candidate]) -> li
       decision = 'incorrect'
     elif not candidate.ended:
       decision = 'unfinished'
-    elif prompt_language == 'ko' and language.detect(candidate.thinking or '') != 'en':
+    elif prompt_language == 'ko' and language.thinking_language(candidate.thinking) != 'en':
       decision = 'thinking_not_english'
     elif prompt_language == 'ko' and language.detect(candidate.response or '') != 'ko':
       decision = 'response_not_korean'

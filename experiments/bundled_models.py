@@ -2,6 +2,7 @@
 
     python experiments/bundled_models.py tiny-base     # ≈ 60 min on 2 CPU cores
     python experiments/bundled_models.py tiny-sft      # from the shipped tiny-base; ≈ 30 min
+    python experiments/bundled_models.py tiny-rlvr     # the main job (RLVR) from the shipped tiny-sft; ≈ 15 min
     python experiments/bundled_models.py --eval_only tiny-base tiny-sft   # re-evaluate what ships
 
 For each name: train with its recipe (`RECIPES`: the same `python -m luckystar.main` command a user
@@ -28,7 +29,7 @@ from luckystar.interop import hf
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 REPORT = ROOT / 'experiments' / 'bundled_models.md'
 CARD_FILE = 'luckystar.json'  # provenance and held-out results, beside the weights
-RECIPES = {'tiny-base': 'configs/sft.py:base', 'tiny-sft': 'configs/sft.py'}
+RECIPES = {'tiny-base': 'configs/sft.py:base', 'tiny-sft': 'configs/sft.py', 'tiny-rlvr': 'configs/rlvr.py'}
 # ≥ 100 held-out prompts per language across the tasks that answer in text (acceptance of the SFT issue).
 EVAL = evals_core.Settings(per_task_language=64, max_new_tokens=192, batch_size=64)
 CHANCE = {'korean_mc': '10% (1 of 10)', 'chat': '≈ 0 (free-form)', 'math': '≈ 0', 'nl2sql': '≈ 0',

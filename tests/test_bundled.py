@@ -13,7 +13,7 @@ from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import suites
 from luckystar.interop import hf
 
-SHIPPED = ('tiny-base', 'tiny-sft')
+SHIPPED = ('tiny-base', 'tiny-sft', 'tiny-rlvr')
 
 
 def test_everything_shipped_fits_the_size_budget():
@@ -28,7 +28,7 @@ def test_bundled_models_load_offline_with_their_provenance(name):
   assert sum(x.size for x in jax.tree.leaves(loaded.params)) == model.param_count(model.get('tiny'))
   assert loaded.config.layer_types == model.get('tiny').layer_types
   card = json.loads((api.BUNDLED_DIR / name / 'luckystar.json').read_text())
-  assert card['recipe'].startswith('python -m luckystar.main --config=configs/sft.py')
+  assert card['recipe'].startswith('python -m luckystar.main --config=configs/')
   assert card['heldout']['metrics']['eval/concise/correctness'] > 0
   weights = hf.read_safetensors(api.BUNDLED_DIR / name)
   assert {w.dtype.name for w in weights.values()} == {'bfloat16'}

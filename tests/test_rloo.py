@@ -126,6 +126,29 @@ def test_clipping_and_kl(tiny):
   np.testing.assert_allclose(per_sequence, rows[mask.sum(-1) > 0].mean(), rtol=1e-4)
 
 
+def test_scoring_only_generated_columns_is_exact(tiny):
+  """training_batch's score_columns project onto the vocabulary at generated tokens only: the loss,
+  its metrics and its gradient equal the full projection's."""
+  from luckystar.train import sft
+  config, params = tiny
+  batch = _batch(config)
+  logprobs = np.asarray(rloo.token_logprobs(config, params, batch, temperature=1.0)[0])
+  shift = np.random.default_rng(2).normal(0, 0.3, logprobs.shape).astype(np.float32)
+  batch['old_logprobs'] = np.pad(logprobs + shift, ((0, 0), (1, 0)))
+  batch['ref_logprobs'] = np.pad(logprobs - shift, ((0, 0), (1, 0)))
+  scored = sft.with_score_columns(batch, multiple=4)
+  assert scored['score_columns'].shape[1] < batch['tokens'].shape[1] - 1
+  for normalize in rloo.NORMALIZATIONS:
+    loss = lambda p, b: rloo.loss_fn(p, b, None, model_config=config, clip_epsilon=0.2, kl_beta=0.1,
+                                     normalize=normalize)
+    (full, full_aux), full_grads = jax.value_and_grad(loss, has_aux=True)(params, batch)
+    (part, part_aux), part_grads = jax.value_and_grad(loss, has_aux=True)(params, scored)
+    np.testing.assert_allclose(part, full, rtol=1e-5)
+    for name in ('kl', 'entropy', 'ratio', 'clip_fraction', 'tokens', 'sequences'):
+      np.testing.assert_allclose(part_aux[name], full_aux[name], rtol=1e-5, err_msg=name)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), part_grads, full_grads)
+
+
 def _scored(example, continuation, mask, *, correct, overlong=False, reward=None):
   from luckystar import sampling
   from luckystar.rewards.reward import Verdict
@@ -154,6 +177,7 @@ def test_training_batch_aligns_prompts_rollouts_and_advantages():
   np.testing.assert_array_equal(batch['old_logprobs'][0, 3:5], [-1, -2])
   np.testing.assert_allclose(batch['advantages'], [1, -1, 0, 0])
   assert batch['used'].tolist() == [1, 1, 0, 0] and zero_variance.tolist() == [False, False]
+  assert batch['score_columns'][1, :2].tolist() == [2, 4]            # columns whose next token was generated
   metrics = rloo.rollout_metrics(groups, zero_variance)
   assert metrics['train/overlong_fraction'] == 0.25 and metrics['train/pass_rate'] == 0.5
   assert metrics['train/reward'] == pytest.approx(2 / 3)
@@ -170,6 +194,20 @@ def test_eval_set_follows_the_rl_mix_and_is_fixed():
   for key, share in mix(selected).items():
     assert abs(mix(chosen)[key] - share) <= 1 / 20 + 1e-9, key
   assert {e.split for e in chosen} == {'heldout'}
+
+
+def test_selection_candidates_per_task_budget():
+  from luckystar import config as config_lib
+  from luckystar.data import suites
+  pool = suites.load('math', 'train')[:200] + suites.load('korean_mc', 'train')[:50]
+  chosen = rloo.selection_candidates(pool, {'math': 10, 'korean_mc': 70}, seed=0)
+  assert [e.task for e in chosen].count('math') == 10 and [e.task for e in chosen].count('korean_mc') == 50
+  assert chosen == rloo.selection_candidates(pool, {'math': 10, 'korean_mc': 70}, seed=0)
+  assert chosen != rloo.selection_candidates(pool, {'math': 10, 'korean_mc': 70}, seed=1)
+  assert [pool.index(e) for e in chosen] == sorted(pool.index(e) for e in chosen)      # pool order
+  assert len(rloo.selection_candidates(pool, 30, seed=0)) == 30                           # a whole-pool budget
+  with pytest.raises(config_lib.UserError, match='nl2sql'):
+    rloo.selection_candidates(pool, {'nl2sql': 4}, seed=0)
 
 
 # ---- the stage end to end ------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from luckystar.data.examples import Example, rs_only
 from luckystar.evals import core as evals_core
 from luckystar.model import sharding
 from luckystar.tokenizer import Tokenizer
-from luckystar.train import loop, optim, rollouts
+from luckystar.train import loop, optim, rollouts, sft
 from luckystar.train import state as state_lib
 from luckystar.train import step as step_lib
 
@@ -70,13 +70,29 @@ def zero_variance_groups(rewards: jax.Array, survived: jax.Array) -> jax.Array:
 
 def token_logprobs(model_config: model.ModelConfig, params: Any, batch: Mapping[str, jax.Array],
                    temperature: float) -> tuple[jax.Array, jax.Array]:
-  """(log π(token t+1 | ≤ t), entropy), both [B, T-1], of the distribution softmax(logits / temperature)
-  the sampler drew from (before top-k / top-p)."""
-  logits = model.apply(model_config, params, batch['tokens'], batch['positions'], batch['segment_ids'])
-  log_probs = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32) / temperature)
-  taken = jnp.take_along_axis(log_probs, batch['tokens'][:, 1:, None], axis=-1)[..., 0]
+  """(log π(token t+1 | ≤ t), entropy) of the distribution softmax(logits / temperature) the sampler
+  drew from (before top-k / top-p): [B, T-1] over every column t, or [B, M] at `batch['score_columns']`
+  (`sft.with_score_columns`: the vocabulary projection only where a generated token is scored)."""
+  columns = batch.get('score_columns')
+  if columns is None:
+    logits = model.apply(model_config, params, batch['tokens'], batch['positions'], batch['segment_ids'])[:, :-1]
+  else:
+    logits = model.apply(model_config, params, batch['tokens'], batch['positions'], batch['segment_ids'],
+                         logit_columns=jnp.maximum(columns, 0))
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature)
+  taken = jnp.take_along_axis(log_probs, next_tokens(batch, batch['tokens'])[..., None], axis=-1)[..., 0]
   entropy = -(jnp.exp(log_probs) * log_probs).sum(-1)
   return taken, entropy
+
+
+def next_tokens(batch: Mapping[str, jax.Array], values: jax.Array) -> jax.Array:
+  """A per-token [B, T] array at t+1 for each scored column t, aligned with `token_logprobs`:
+  [B, T-1], or [B, M] at `batch['score_columns']` (0 at padding columns, -1)."""
+  columns = batch.get('score_columns')
+  if columns is None:
+    return values[:, 1:]
+  picked = jnp.take_along_axis(values, jnp.maximum(columns, 0) + 1, axis=1)
+  return jnp.where(columns >= 0, picked, jnp.zeros_like(picked))
 
 
 def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, *, model_config: model.ModelConfig,
@@ -87,7 +103,8 @@ def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, 
   batch: tokens, positions, segment_ids, loss_mask [B, T] int (loss_mask 1 on tokens the policy
   generated; prompt and tool-result tokens 0); advantages [B] float; used [B] (0 for dropped rows and
   groups without a baseline); old_logprobs [B, T] float (the sampler's untruncated log-prob of token t,
-  at the sampling temperature); ref_logprobs [B, T] when kl_beta > 0.
+  at the sampling temperature); ref_logprobs [B, T] when kl_beta > 0; optionally score_columns [B, M]
+  (`training_batch` adds them: the same loss, projected onto the vocabulary at generated tokens only).
   Per token: −min(ρ·A, clip(ρ, 1 ± ε)·A) with ρ = π/π_old (ε = 0: no clipping; on-policy ρ = 1 and the
   gradient is A·∇log π), plus kl_beta·(e^{ref−logπ} − (ref−logπ) − 1).
   normalize: 'tokens' (Σ over every token / token count) or 'sequences' (each row's token mean, then
@@ -98,21 +115,21 @@ def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, 
     raise ValueError(f'normalize={normalize!r}; expected one of {NORMALIZATIONS}')
   logprobs, entropy = token_logprobs(model_config, params, batch, temperature)
   rows = batch['used'].astype(jnp.float32)                                    # [B]
-  mask = batch['loss_mask'][:, 1:].astype(jnp.float32) * rows[:, None]         # [B, T-1]
+  generated = next_tokens(batch, batch['loss_mask']).astype(jnp.float32)      # every sampled token, used rows or not
+  mask = generated * rows[:, None]
   advantages = batch['advantages'].astype(jnp.float32)[:, None]
-  ratio = jnp.exp(logprobs - jax.lax.stop_gradient(batch['old_logprobs'][:, 1:]))
+  ratio = jnp.exp(logprobs - jax.lax.stop_gradient(next_tokens(batch, batch['old_logprobs'])))
   objective = ratio * advantages
   if clip_epsilon > 0:
     objective = jnp.minimum(objective, jnp.clip(ratio, 1 - clip_epsilon, 1 + clip_epsilon) * advantages)
   per_token = -objective
   kl = jnp.zeros_like(logprobs)
   if kl_beta > 0:
-    log_ratio = batch['ref_logprobs'][:, 1:] - logprobs
+    log_ratio = next_tokens(batch, batch['ref_logprobs']) - logprobs
     kl = jnp.exp(log_ratio) - log_ratio - 1.0
     per_token = per_token + kl_beta * kl
   tokens = mask.sum()
   sequences = (mask.sum(-1) > 0).sum().astype(jnp.float32)
-  generated = batch['loss_mask'][:, 1:].astype(jnp.float32)  # every sampled token, used rows or not
   if normalize == 'tokens':
     weights = mask / jnp.maximum(tokens, 1.0)
   else:
@@ -132,7 +149,8 @@ def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, 
 def training_batch(prompts: Sequence[Sequence[int]], groups: Sequence[Sequence[rollouts.Scored]], *,
                    length_multiple: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
   """The update's batch: one row per rollout, prompt + continuation, right-padded to a multiple of
-  `length_multiple`. Returns (batch, zero_variance [prompts]). See `loss_fn` for the fields."""
+  `length_multiple`, with score_columns at the generated tokens. Returns (batch, zero_variance
+  [prompts]). See `loss_fn` for the fields."""
   rewards = np.array([[s.verdict.reward if s.survived else 0.0 for s in group] for group in groups], np.float32)
   survived = np.array([[s.survived for s in group] for group in groups])
   advantages, used = jax.device_get(rloo_advantages(rewards, survived))
@@ -150,7 +168,7 @@ def training_batch(prompts: Sequence[Sequence[int]], groups: Sequence[Sequence[r
     batch['old_logprobs'][b, n:total] = rollout.untruncated_logprobs
   batch['advantages'] = np.asarray(advantages, np.float32).reshape(-1)
   batch['used'] = np.asarray(used, np.int32).reshape(-1)
-  return batch, np.asarray(jax.device_get(zero_variance_groups(rewards, survived)))
+  return sft.with_score_columns(batch), np.asarray(jax.device_get(zero_variance_groups(rewards, survived)))
 
 
 def rollout_metrics(groups: Sequence[Sequence[rollouts.Scored]], zero_variance: np.ndarray, prefix: str = 'train'
@@ -202,16 +220,39 @@ def _fingerprint(config) -> dict:
   """What prompt selection depends on; a cached selection with another fingerprint is stale."""
   settings = config.rlvr
   return {'init_from': config.init_from, 'seed': config.seed, 'tasks': list(settings.tasks),
-          'max_prompt_tokens': settings.max_prompt_tokens, 'selection_prompts': settings.selection_prompts,
+          'max_prompt_tokens': settings.max_prompt_tokens, 'selection_prompts': _plain(settings.selection_prompts),
           'selection_samples': settings.selection_samples, 'pass_rate': list(settings.select_pass_rate),
           'sampling': dict(config.sampling)}
+
+
+def _plain(value):
+  """A config value as JSON-ready Python (a ConfigDict becomes a dict)."""
+  return {k: _plain(v) for k, v in value.items()} if hasattr(value, 'items') else value
+
+
+def selection_candidates(pool: Sequence[Example], selection_prompts: int | Mapping[str, int], seed: int
+                         ) -> list[Example]:
+  """The seeded sample of the pool that prompt selection measures, in pool order: `selection_prompts`
+  prompts of the whole pool, or, when it maps task → count, that many of each task (a task whose
+  pass rates are rarely in range costs rollouts and keeps few prompts, so the budget is set per task)."""
+  rng = np.random.default_rng([seed, 17])
+  if not hasattr(selection_prompts, 'items'):
+    return [pool[i] for i in sorted(rng.permutation(len(pool))[:selection_prompts])]
+  if unknown := set(selection_prompts) - {e.task for e in pool}:
+    raise config_lib.UserError(f'config.rlvr.selection_prompts names tasks {sorted(unknown)} that are not in '
+                               f'config.rlvr.tasks (or have no prompt that fits max_prompt_tokens)')
+  chosen = []
+  for task, count in sorted(selection_prompts.items()):
+    members = [i for i, e in enumerate(pool) if e.task == task]
+    chosen += [members[j] for j in rng.permutation(len(members))[:count]]
+  return [pool[i] for i in sorted(chosen)]
 
 
 def select_prompts(config, workdir: pathlib.Path, model_config: model.ModelConfig, params: Any,
                    tokenizer: Tokenizer, pool: Sequence[Example]) -> list[Example]:
   """Prompts whose pass rate under the starting policy lies in `config.rlvr.select_pass_rate`
-  (DESIGN §5: [1/8, 7/8] at k = 8), measured once on a seeded sample of `selection_prompts` of the
-  pool and cached in `workdir/prompt_selection.json`."""
+  (DESIGN §5: [1/8, 7/8] at k = 8), measured once on a seeded sample of the pool
+  (`selection_candidates`) and cached in `workdir/prompt_selection.json`."""
   settings, path = config.rlvr, workdir / SELECTION_FILE
   by_id = {e.id: e for e in pool}
   if path.is_file():
@@ -222,8 +263,7 @@ def select_prompts(config, workdir: pathlib.Path, model_config: model.ModelConfi
           f'or delete this file to select again')
     logging.info('prompt selection: reusing %s (%d prompts kept)', path, len(cached['kept']))
     return [by_id[i] for i in cached['kept']]
-  order = np.random.default_rng([config.seed, 17]).permutation(len(pool))[:settings.selection_prompts]
-  candidates = [pool[i] for i in sorted(order)]
+  candidates = selection_candidates(pool, settings.selection_prompts, config.seed)
   low, high = settings.select_pass_rate
   rates, chunk = {}, max(1, settings.selection_batch // settings.selection_samples)
   rng = jax.random.key(config.seed)
@@ -326,7 +366,8 @@ def run(config, workdir: str) -> None:
     batch, zero_variance = training_batch([prompts[int(i)] for i in indices], groups,
                                           length_multiple=settings.length_multiple)
     if reference is not None:
-      batch['ref_logprobs'] = np.pad(np.asarray(reference(reference_params, batch)), ((0, 0), (1, 0)))
+      full = {k: v for k, v in batch.items() if k != 'score_columns'}  # [B, T] like the other per-token fields
+      batch['ref_logprobs'] = np.pad(np.asarray(reference(reference_params, full)), ((0, 0), (1, 0)))
     metrics = rollout_metrics(groups, zero_variance)
     generated = sum(int(s.rollout.loss_mask.sum()) for group in groups for s in group)
     metrics['perf/rollout_tokens_per_sec'] = generated / (time.perf_counter() - start)

@@ -1,0 +1,104 @@
+"""Offline DPO for conciseness on the post-RL policy (paper §2.5): how much shorter, at what correctness.
+
+    python experiments/dpo_conciseness.py                          # the default configs/dpo.py (from tiny-rlvr)
+    python experiments/dpo_conciseness.py --workdir=/tmp/dpo-conciseness --override=dpo.beta=0.2
+
+(with luckystar installed, `pip install -e .`, or PYTHONPATH=. from the repository root)
+
+Runs the user's command, `python -m luckystar.main --config=configs/dpo.py --workdir=W [--config.K=V ...]`
+(re-running resumes, and reuses the built pairs and cached reference log-probs), then reads the run's
+`metrics.jsonl`: the held-out eval the stage logs at step 0 (the starting policy) and at the end, both
+modes (greedy; Korean MC, chat, short math), and the pair statistics in `dpo_pairs.json`. The claim
+checked (issue 6): mean concise-mode response length falls by ≥ 30% while held-out correctness stays
+within 2 points in both modes. Writes `experiments/dpo_conciseness.md` and prints it.
+"""
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+REPORT = ROOT / 'experiments' / 'dpo_conciseness.md'
+LENGTH_CUT = 0.30        # the claim: concise replies ≥ 30% shorter ...
+CORRECTNESS_SLACK = 0.02  # ... with correctness within 2 points in both modes
+MODES = ('concise', 'reasoning')
+
+
+def run(workdir: pathlib.Path, overrides: list[str]) -> float:
+  command = [sys.executable, '-m', 'luckystar.main', '--config=configs/dpo.py', f'--workdir={workdir}',
+             *[f'--config.{o}' for o in overrides]]
+  print('$', ' '.join(command), flush=True)
+  start = time.perf_counter()
+  subprocess.run(command, cwd=ROOT, check=True)
+  return time.perf_counter() - start
+
+
+def eval_rows(workdir: pathlib.Path) -> tuple[dict, dict]:
+  """(first, last) metrics rows with eval/* figures: the starting policy and the trained one."""
+  rows = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines() if line.strip()]
+  evals = [row for row in rows if any(key.startswith('eval/') for key in row)]
+  if len(evals) < 2 or evals[0]['step'] != 0:
+    raise SystemExit(f'{workdir}/metrics.jsonl has no step-0 and final eval; has the run finished?')
+  return evals[0], evals[-1]
+
+
+def report(workdir: pathlib.Path, overrides: list[str], seconds: float) -> str:
+  start, end = eval_rows(workdir)
+  pairs = json.loads((workdir / 'dpo_pairs.json').read_text())
+  config = json.loads((workdir / 'config.json').read_text())
+  pct = lambda v: f'{100 * v:.1f}'
+  lines = [
+      '# Offline DPO for conciseness', '',
+      f'Written by `python experiments/dpo_conciseness.py{"".join(" --override=" + o for o in overrides)}`: '
+      f'`configs/dpo.py` from `{config["init_from"]}`, {config["total_steps"]} steps of {config["batch_size"]} pairs, '
+      f'{config["dpo"]["loss_type"]} loss, β = {config["dpo"]["beta"]}, learning rate {config["learning_rate"]}, '
+      f'seed {config["seed"]}; {seconds / 60:.1f} min on this machine (this invocation; 0 if it only re-read a '
+      'finished run). Held-out eval: greedy, the first '
+      f'{config["dpo"]["task_eval"]["per_task_language"]} held-out prompts per task and language of '
+      f'{", ".join(config["dpo"]["task_eval"]["tasks"])}.', '',
+      '| metric | before (step 0) | after DPO | change |', '|---|---|---|---|']
+  checks = []
+  for mode in MODES:
+    length0, length1 = start[f'eval/{mode}/response_length'], end[f'eval/{mode}/response_length']
+    correct0, correct1 = start[f'eval/{mode}/correctness'], end[f'eval/{mode}/correctness']
+    lines.append(f'| {mode}: mean response length (tokens) | {length0:.1f} | {length1:.1f} | '
+                 f'{100 * (length1 - length0) / length0:+.1f}% |')
+    lines.append(f'| {mode}: correctness (%) | {pct(correct0)} | {pct(correct1)} | '
+                 f'{100 * (correct1 - correct0):+.1f} points |')
+    for task in config['dpo']['task_eval']['tasks']:
+      key = f'eval/{mode}/correctness/{task}'
+      if key in start and key in end:
+        lines.append(f'| … {task} | {pct(start[key])} | {pct(end[key])} | {100 * (end[key] - start[key]):+.1f} |')
+    checks.append((f'{mode} correctness within {100 * CORRECTNESS_SLACK:.0f} points',
+                   correct1 >= correct0 - CORRECTNESS_SLACK - 1e-9))
+    if mode == 'concise':
+      checks.insert(0, (f'concise replies ≥ {100 * LENGTH_CUT:.0f}% shorter', length1 <= (1 - LENGTH_CUT) * length0))
+  summary = pairs['pairs'].get('all', {})
+  lines += ['', f'Pairs: {summary.get("pairs", 0)} from {pairs["prompts"]} prompts '
+            f'(chosen {summary.get("chosen_length", float("nan")):.1f} tokens, rejected '
+            f'{summary.get("rejected_length", float("nan")):.1f} tokens on average; the rejected reply was correct in '
+            f'{pct(summary.get("rejected_correct", float("nan")))}% of pairs).', '',
+            '| pair kind / task / language | pairs | chosen length | rejected length |', '|---|---|---|---|']
+  lines += [f'| {key} | {value["pairs"]} | {value["chosen_length"]:.1f} | {value["rejected_length"]:.1f} |'
+            for key, value in pairs['pairs'].items() if key != 'all']
+  lines += ['', *[f'- {"met" if ok else "NOT met"}: {name}' for name, ok in checks], '']
+  return '\n'.join(lines)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--workdir', default='/tmp/luckystar-dpo-conciseness')
+  parser.add_argument('--override', action='append', default=[], help='a config override KEY=VALUE (repeatable)')
+  args = parser.parse_args()
+  workdir = pathlib.Path(args.workdir)
+  seconds = run(workdir, args.override)
+  text = report(workdir, args.override, seconds)
+  REPORT.write_text(text)
+  print(text)
+
+
+if __name__ == '__main__':
+  main()

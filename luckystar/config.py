@@ -37,6 +37,9 @@ def base(stage: str) -> ml_collections.ConfigDict:
   config.checkpoint_every = 50
   # Device mesh ('data', 'fsdp', 'tensor'); -1 takes the remaining devices.
   config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  # Multi-process runs: when to call jax.distributed.initialize() (luckystar.distributed).
+  config.distributed = ml_collections.ConfigDict(dict(initialize='auto', coordinator_address='', num_processes=0,
+                                                      process_id=-1, initialization_timeout_s=300))
   config.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=256))
   config[stage] = ml_collections.ConfigDict()
   return config

@@ -12,9 +12,11 @@ import sys
 
 from absl import app
 from absl import flags
+import jax
 from ml_collections import config_flags
 
 from luckystar import config as config_lib
+from luckystar import distributed
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Experiment config file, `file.py` or `file.py:variant`.', lock_config=True)
@@ -64,10 +66,12 @@ def main(argv):
   workdir = pathlib.Path(_WORKDIR.value)
   try:
     module = stage_module(config.stage)  # the first access also loads the config file
-  except (StageNotBuiltError, ValueError, OSError) as e:
+    distributed.maybe_initialize(config.distributed)  # before any device is touched
+  except (StageNotBuiltError, ValueError, OSError, config_lib.UserError) as e:
     raise SystemExit(f'error: {e}') from None
   workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / 'config.json').write_text(config.to_json_best_effort(indent=2) + '\n')
+  if jax.process_index() == 0:
+    (workdir / 'config.json').write_text(config.to_json_best_effort(indent=2) + '\n')
   try:
     module.run(config, str(workdir))
   except (FileNotFoundError, config_lib.UserError) as e:  # a bad init_from, checkpoint or data file

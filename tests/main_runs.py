@@ -14,8 +14,9 @@ from luckystar.train import metrics
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def start(config: str, workdir, *, cache_dir, crash_after=None, overrides=()) -> subprocess.Popen:
-  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}   # one CPU device, not conftest's 8
+def start(config: str, workdir, *, cache_dir, crash_after=None, overrides=(), env=None) -> subprocess.Popen:
+  """`env`: extra environment variables (e.g. jax.distributed's JAX_COORDINATOR_ADDRESS)."""
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'} | dict(env or {})  # one CPU device, not 8
   env['JAX_COMPILATION_CACHE_DIR'] = str(cache_dir)                  # a re-run reuses the compiled step
   env['PYTHONHASHSEED'] = '0'   # the model iterates a set of layer types: same HLO, same cache key
   if crash_after is not None:
@@ -24,8 +25,8 @@ def start(config: str, workdir, *, cache_dir, crash_after=None, overrides=()) ->
                            *overrides], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def finish(process: subprocess.Popen) -> tuple[int, str]:
-  _, stderr = process.communicate(timeout=600)
+def finish(process: subprocess.Popen, timeout: float = 600) -> tuple[int, str]:
+  _, stderr = process.communicate(timeout=timeout)
   return process.returncode, stderr
 
 

@@ -40,12 +40,13 @@ def manager(workdir: str | pathlib.Path, *, keep: int) -> ocp.CheckpointManager:
 
 
 def latest_step(workdir: str | pathlib.Path) -> int | None:
-  """The step of the latest complete checkpoint under `workdir`, None if there is none."""
+  """The step of the latest complete checkpoint under `workdir`, None if there is none.
+
+  A directory listing, not a CheckpointManager: a manager's constructor is a barrier of all
+  processes, and processes of a multi-process run ask this at different moments."""
   if not directory(workdir).is_dir():
     return None
-  options = ocp.CheckpointManagerOptions(read_only=True)
-  with ocp.CheckpointManager(directory(workdir), options=options) as checkpoints:
-    return checkpoints.latest_step()
+  return max(ocp.step.checkpoint_steps(directory(workdir)), default=None)
 
 
 def save(checkpoints: ocp.CheckpointManager, state: Any, iterator: grain.DatasetIterator,

@@ -156,19 +156,19 @@ def eval_subset(heldout: Mapping[str, Sequence], per_source: int, seed: int) -> 
           for i in sorted(rng.permutation(len(items))[:per_source])]
 
 
-def local_batch_size(config, mesh: jax.sharding.Mesh) -> int:
-  """This process's rows of the global `config.batch_size`, checked against the mesh."""
+def check_batch_size(config, mesh: jax.sharding.Mesh) -> None:
+  """`config.batch_size` (global rows) must split over the mesh's data × fsdp devices and the processes."""
   batch_devices = mesh.shape['data'] * mesh.shape['fsdp']
   if config.batch_size % batch_devices or config.batch_size % jax.process_count():
     raise ValueError(f'config.batch_size={config.batch_size} does not split over the mesh\'s data×fsdp = '
                      f'{batch_devices} devices and {jax.process_count()} processes')
-  return config.batch_size // jax.process_count()
 
 
 def heldout_batches(heldout: Sequence, *, seq_len: int, batch_size: int) -> list[dict[str, np.ndarray]]:
-  """This process's share of `heldout`, packed once into fixed batches; the last batch is padded
-  with empty rows (segment 0, never scored)."""
-  packed = pipeline.packed_batches(pipeline.shard(grain.MapDataset.source(list(heldout))), encode,
+  """`heldout` packed once into fixed global batches of `batch_size` rows; the last batch is padded
+  with empty rows (segment 0, never scored). Every process builds all of them (`make_eval_fn` feeds
+  each its own rows), so every process runs the same number of eval steps."""
+  packed = pipeline.packed_batches(grain.MapDataset.source(list(heldout)), encode,
                                    seq_len=seq_len, batch_size=1, num_packing_bins=batch_size)
   rows = [{k: v[0] for k, v in batch.items()} for batch in packed]
   rows += [{k: np.zeros_like(v) for k, v in rows[0].items()}] * (-len(rows) % batch_size)
@@ -180,7 +180,7 @@ def make_eval_fn(loss: Any, heldout_batches: list[dict[str, np.ndarray]], mesh: 
   """eval_fn(params, step) → {'eval/loss', 'eval/accuracy'}: sum over every held-out token / count."""
   evaluate = step_lib.MeshFunction(jax.jit(lambda params, batch: loss(params, batch, None)[1]), mesh,
                                    step_lib.batch_sharding(mesh))
-  device_batches = [evaluate.put_batch(batch) for batch in heldout_batches]
+  device_batches = [evaluate.put_batch(evaluate.local_rows(batch)) for batch in heldout_batches]
 
   def eval_fn(params, step):
     del step
@@ -218,16 +218,21 @@ def run(config, workdir: str) -> None:
       learning_rate=optim.learning_rate_schedule(config), grad_accum_steps=config.grad_accum_steps)
 
   train, weights = sources(config, 'train', tokenizer=tokenizer, vocab_size=model_config.vocab_size)
-  batch_size = local_batch_size(config, mesh)
-  batches = iter(pipeline.packed_batches(pipeline.mixture(train, weights, seed=config.seed), encode,
-                                         seq_len=config.sft.seq_len, batch_size=batch_size
-                                         ).map(with_score_columns))
+  check_batch_size(config, mesh)
+  # Every process packs the same global stream and keeps its own rows: the batches (and so the loss
+  # curve) do not depend on the number of processes, every process's score_columns width agrees, and
+  # a run resumes on another process count. The cost, packing rows other processes train on, is
+  # small beside a step; each process already renders every source.
+  global_stream = pipeline.mixture(train, weights, seed=config.seed, process_index=0, process_count=1)
+  batches = iter(pipeline.packed_batches(global_stream, encode, seq_len=config.sft.seq_len,
+                                         batch_size=config.batch_size
+                                         ).map(with_score_columns).map(update_fn.local_rows))
   eval_fn = None
   if config.sft.eval_examples_per_source:
     heldout, _ = sources(config, 'heldout', tokenizer=tokenizer, vocab_size=model_config.vocab_size)
     eval_items = eval_subset(heldout, config.sft.eval_examples_per_source, config.seed)
-    eval_fn = make_eval_fn(loss, heldout_batches(eval_items, seq_len=config.sft.seq_len, batch_size=batch_size),
-                           mesh)
+    eval_fn = make_eval_fn(loss, heldout_batches(eval_items, seq_len=config.sft.seq_len,
+                                                 batch_size=config.batch_size), mesh)
   if tokenizer is not None and config.sft.task_eval.per_task_language:
     eval_fn = with_task_eval(eval_fn, model_config, tokenizer, evals_core.Settings.from_config(config.sft.task_eval))
   loop.run_training(config, workdir, state=state, update_fn=update_fn, batches=batches, eval_fn=eval_fn,

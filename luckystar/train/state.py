@@ -62,18 +62,32 @@ def shardings(abstract_state: TrainState, optimizer: optax.GradientTransformatio
                     skipped_updates=replicated)
 
 
-def create(model_config: model.ModelConfig, optimizer: optax.GradientTransformation, mesh: jax.sharding.Mesh,
-           *, seed: int, params: Any | None = None) -> TrainState:
-  """A fresh state on `mesh`: random params from `seed`, or the given (host or device) `params`."""
-  param_shardings = model.param_shardings(model_config, mesh)
-
+def _init_fn(model_config: model.ModelConfig, optimizer: optax.GradientTransformation):
+  """(rng, params or None) -> a fresh TrainState: random params from rng, or the given ones."""
   def init(rng, params):
     init_rng, run_rng = jax.random.split(rng)
     if params is None:
       params = model.init(model_config, init_rng)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
                       rng=jax.random.key_data(run_rng), skipped_updates=jnp.zeros((), jnp.int32))
+  return init
 
+
+def abstract(model_config: model.ModelConfig, optimizer: optax.GradientTransformation, mesh: jax.sharding.Mesh
+             ) -> TrainState:
+  """The state `create` would make, as ShapeDtypeStructs carrying their shardings; nothing is allocated
+  (what ahead-of-time lowering and compiling take, `luckystar.train.aot_plan`)."""
+  shapes = jax.eval_shape(_init_fn(model_config, optimizer), jax.random.key(0), None)
+  state_shardings = shardings(shapes, optimizer, model.param_shardings(model_config, mesh), mesh)
+  return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+                      shapes, state_shardings)
+
+
+def create(model_config: model.ModelConfig, optimizer: optax.GradientTransformation, mesh: jax.sharding.Mesh,
+           *, seed: int, params: Any | None = None) -> TrainState:
+  """A fresh state on `mesh`: random params from `seed`, or the given (host or device) `params`."""
+  param_shardings = model.param_shardings(model_config, mesh)
+  init = _init_fn(model_config, optimizer)
   rng = jax.random.key(seed)
   state_shardings = shardings(jax.eval_shape(init, rng, params), optimizer, param_shardings, mesh)
   if params is not None:

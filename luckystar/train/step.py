@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from luckystar.model import sharding
@@ -43,6 +44,11 @@ class MeshFunction:
     with sharding.activate(self.mesh):
       return self.jitted.lower(*args)
 
+  def local_rows(self, global_batch: dict[str, Any]) -> dict[str, Any]:
+    """This process's rows of a global batch that every process built whole: what `put_batch` takes."""
+    rows = process_rows(self.batch_sharding, len(next(iter(global_batch.values()))))
+    return {k: v[rows] for k, v in global_batch.items()}
+
   def put_batch(self, local_batch: dict[str, Any]) -> Batch:
     """This process's rows → global arrays sharded over the batch axis (the global batch is
     `process_count` times the local one)."""
@@ -52,6 +58,14 @@ class MeshFunction:
 def batch_sharding(mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
   """Rows over ('data', 'fsdp') by the logical table; the remaining axes replicated."""
   return sharding.logical_shardings(jax.sharding.PartitionSpec('batch'), mesh)
+
+
+def process_rows(rows_sharding: jax.sharding.Sharding, global_rows: int) -> np.ndarray:
+  """Indices of the rows of a [global_rows, ...] array that this process's devices hold, in the order
+  `jax.make_array_from_process_local_data` reads its local data."""
+  spans = {index[0].indices(global_rows)[:2]
+           for index in rows_sharding.addressable_devices_indices_map((global_rows,)).values()}
+  return np.concatenate([np.arange(start, stop) for start, stop in sorted(spans)])
 
 
 def accumulate_gradients(loss_fn: LossFn, params: Any, batch: Batch, rng: jax.Array, *, grad_accum_steps: int,

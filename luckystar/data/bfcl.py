@@ -16,9 +16,13 @@ variants); `luckystar.rewards.function_call` scores answers against it.
 
 import dataclasses
 import importlib.util
+import json
 import pathlib
 
+from luckystar.data import function_calling
+from luckystar.data.examples import Example
 from luckystar.data.loaders import read_records
+from luckystar.rewards import language as rewards_language
 
 PACKAGE = 'bfcl_eval'
 INSTALL_HINT = 'pip install --no-deps bfcl-eval==2026.3.23'
@@ -119,3 +123,15 @@ def load(category: str, root: str | pathlib.Path | None = None) -> list[BfclExam
     examples.append(BfclExample(id=record['id'], question=_first_turn(record['question'], where),
                                 functions=functions, ground_truth=answers[record['id']]))
   return examples
+
+
+def to_example(example: BfclExample, category: str) -> Example:
+  """A BFCL question as our function-calling Example: the function docs in the system turn as our
+  generated suite shows them, gold in `answer` (BFCL's ground-truth JSON) and `meta['functions']`, so
+  `rewards.reward.score` applies the AST checker."""
+  prompt = '\n'.join(m['content'] for m in example.question if m['role'] == 'user')
+  return Example(id=f'bfcl-{example.id}', task='function_calling',
+                 language=rewards_language.classify_prompt(prompt) or 'en', split='heldout', prompt=prompt,
+                 answer=json.dumps(example.ground_truth, ensure_ascii=False),
+                 system=function_calling.tool_system(example.functions),
+                 meta={'category': category, 'functions': example.functions, 'ground_truth': example.ground_truth})

@@ -114,7 +114,8 @@ def _translate(rng):
 _DRAWS = (_weather, _currency, _stock, _orders, _loan, _translate)
 
 
-def _system(functions: list[dict]) -> str:
+def tool_system(functions: list[dict]) -> str:
+  """The system turn that shows a model its tools: one JSON schema a line."""
   return 'Available tools (JSON schema):\n' + '\n'.join(json.dumps(f, ensure_ascii=False) for f in functions)
 
 
@@ -144,7 +145,7 @@ def generate(seed: int = 0, count: int = 1500) -> Iterator[Example]:
       yield Example(
           id=f'fc-{category}-{language}-{rng.getrandbits(32):08x}', task='function_calling', language=language,
           split=split, prompt=prompt, answer=json.dumps(ground_truth, ensure_ascii=False),
-          system=_system(functions), difficulty=1 + (category != 'simple') + (category == 'parallel_multiple'),
+          system=tool_system(functions), difficulty=1 + (category != 'simple') + (category == 'parallel_multiple'),
           meta={'category': category, 'functions': functions, 'ground_truth': ground_truth})
 
 

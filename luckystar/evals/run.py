@@ -1,0 +1,435 @@
+"""The `eval` stage: every suite on one model, in both modes; report.md, results.json, plots/*.png.
+
+    python -m luckystar.main --config=configs/eval.py --workdir=DIR --config.init_from=tiny-sft
+
+Suites (`config.eval.suites`), each answered in every mode of `config.eval.modes`, greedy:
+
+    math                   bundled held-out word problems, en + ko: pass@1, and pass@k from sampled replies
+    champ                  CHAMP competition problems (`champ-dataset` package, en): pass@1 and pass@k
+    nl2sql                 held-out databases, the agent runs its SQL in the sandbox: execution accuracy
+    bfcl                   real BFCL v4 simple / multiple / parallel (`bfcl-eval` package): AST match
+    korean_mc              KoBALT-format 10-option multiple choice (+ `kobalt_file`): accuracy
+    chat                   concise chat questions: correctness
+    instruction_following  generated, rule-verified constraints (evals.instruction_following)
+
+Per suite and mode: `accuracy` (correct among scorable), `accuracy/<language>` (and `/<category>` for
+BFCL), `response_length` (generated tokens), `language_mismatch` (paper Table 2: Korean prompts whose
+response is not Korean), `format_ok`, `overlong`, `unscorable`, `examples`; `pass_at_<k>` in reasoning mode
+for math and champ. `overall/<mode>` pools language mismatch and length over the suites (instruction
+following aside: it asks for the other language on purpose). A suite whose data package is missing is
+skipped with its install command in the report, never scored 0.
+
+A "model" here is anything `Respond`: `model_respond` (a loaded luckystar model, with the SQL tool
+loop) or `text_respond(fn)` for any callable `fn(messages, mode) -> text` that spells our sections
+(`<|START_ACTION|>{json}<|END_ACTION|>`, ...), e.g. a BFCL gold-answer oracle or an HTTP endpoint.
+"""
+
+import collections
+import dataclasses
+import json
+import math
+import pathlib
+import re
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+import tqdm
+
+from luckystar import api
+from luckystar import config as config_lib
+from luckystar import model as model_lib
+from luckystar import sampling
+from luckystar import tokenizer as tokenizer_lib
+from luckystar.data import bfcl, champ, conversations, loaders
+from luckystar.data.examples import Example
+from luckystar.evals import core, instruction_following
+from luckystar.rewards import reward
+from luckystar.train import metrics as metrics_lib
+from luckystar.train import state as state_lib
+
+SUITES = ('math', 'champ', 'nl2sql', 'bfcl', 'korean_mc', 'chat', 'instruction_following')
+PASS_K_SUITES = ('math', 'champ')
+HEADLINE = {'math': 'pass@1', 'champ': 'pass@1', 'nl2sql': 'execution accuracy', 'bfcl': 'AST match',
+            'korean_mc': 'accuracy', 'chat': 'correctness', 'instruction_following': 'instructions followed'}
+NO_LANGUAGE_FIGURE = ('instruction_following',)  # asks for the other language on purpose
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """`config.eval` (configs/eval.py documents each key)."""
+  suites: Sequence[str] = SUITES
+  modes: Sequence[str] = core.MODES
+  per_suite_language: int = 16
+  bfcl_categories: Sequence[str] = ('simple_python', 'multiple', 'parallel')
+  bfcl_per_category: int = 16
+  champ_problems: int = 16
+  kobalt_file: str = ''
+  pass_k: Sequence[int] = (1, 4)
+  pass_k_samples: int = 4
+  pass_k_problems: int = 8
+  pass_k_temperature: float = 1.0
+  max_new_tokens: int = 160
+  max_prompt_tokens: int = 768
+  max_tool_turns: int = 2
+  max_tool_result_tokens: int = 96
+  batch_size: int = 32
+  seed: int = 0
+
+  @classmethod
+  def from_config(cls, config: Any) -> 'Settings':
+    fields = {f.name for f in dataclasses.fields(cls)}
+    values = dict(config)
+    unknown = sorted(set(values) - fields)
+    if unknown:
+      raise config_lib.UserError(f'config.eval has unknown keys {unknown}; known: {sorted(fields)}')
+    settings = cls(**{k: (tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in values.items()})
+    for name in settings.suites:
+      if name not in SUITES:
+        raise config_lib.UserError(f'config.eval.suites: unknown suite {name!r}; expected some of {SUITES}')
+    for mode in settings.modes:
+      if mode not in core.MODES:
+        raise config_lib.UserError(f'config.eval.modes: unknown mode {mode!r}; expected some of {core.MODES}')
+    if settings.pass_k_samples and max(settings.pass_k) > settings.pass_k_samples:
+      raise config_lib.UserError(f'config.eval.pass_k={settings.pass_k} needs pass_k_samples ≥ {max(settings.pass_k)}')
+    return settings
+
+
+class SuiteUnavailable(Exception):
+  """A suite's data is not installed; the message says how to install it."""
+
+
+# ---- models: anything that turns examples into replies ---------------------------------------
+
+# (examples, mode, temperature, seed) → one reply per example: a sampling.Rollout or a TextReply.
+Respond = Callable[[Sequence[Example], str, float, int], list]
+TextModel = Callable[[list[dict], str], str]   # (prompt messages, mode) → assistant text
+
+
+@dataclasses.dataclass(frozen=True)
+class TextReply:
+  """A text model's reply, with the fields of sampling.Rollout that scoring and core.summarize read."""
+  final_turn: tokenizer_lib.AssistantTurn
+  actions: list[str]
+  loss_mask: np.ndarray      # ones, one per token of the reply (its length in our tokenizer)
+  overlong: bool = False
+
+
+_SECTIONS = {name: re.compile(re.escape(start) + r'(.*?)(?:' + re.escape(end) + r'|$)', re.DOTALL)
+             for name, (start, end) in tokenizer_lib.SECTION_TOKENS.items()}
+
+
+def parse_text(text: str) -> tuple[tokenizer_lib.AssistantTurn, list[str]]:
+  """An assistant turn written as text with our section markers → (turn, actions). Text without any
+  marker is the response."""
+  found = {name: pattern.findall(text) for name, pattern in _SECTIONS.items()}
+  if not any(found.values()):
+    return tokenizer_lib.AssistantTurn(response=text.strip(), ended=True), []
+  first = {name: matches[0].strip() if matches else None for name, matches in found.items()}
+  return tokenizer_lib.AssistantTurn(**first, ended=True), [a.strip() for a in found['action']]
+
+
+def text_respond(fn: TextModel, tokenizer: tokenizer_lib.Tokenizer) -> Respond:
+  """A Respond over a text callable; no tool loop (an NL2SQL reply is scored on its last SQL action)."""
+  def respond(examples, mode, temperature=0.0, seed=0):
+    del temperature, seed  # the callable decides how it samples
+    replies = []
+    for example in examples:
+      text = fn(conversations.prompt(example), mode)
+      turn, actions = parse_text(text)
+      replies.append(TextReply(turn, actions, np.ones(len(tokenizer.encode(text)), np.int32)))
+    return replies
+  return respond
+
+
+def model_respond(model_config: model_lib.ModelConfig, params: Any, tokenizer: tokenizer_lib.Tokenizer,
+                  settings: Settings) -> Respond:
+  """A Respond over a luckystar model: `core.run_examples`' rollouts (SQL tool loop for NL2SQL rows),
+  at any temperature."""
+  def respond(examples, mode, temperature=0.0, seed=0):
+    rollouts = []
+    for start in range(0, len(examples), settings.batch_size):
+      batch = examples[start:start + settings.batch_size]
+      prompts = [tokenizer.render(conversations.prompt(e), mode, add_generation_prompt=True)[0] for e in batch]
+      rollouts += sampling.rollout(
+          model_config, params, tokenizer, prompts, tool_fn=core._tool_fn(batch),  # pylint: disable=protected-access
+          max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
+          max_new_tokens=settings.max_new_tokens, temperature=temperature,
+          rng=jax.random.fold_in(jax.random.key(seed), start))
+    return rollouts
+  return respond
+
+
+# ---- suites ----------------------------------------------------------------------------------
+
+def suite_examples(name: str, settings: Settings) -> list[Example]:
+  """The fixed eval set of one suite (first N of each held-out source). Raises SuiteUnavailable."""
+  per_language = settings.per_suite_language
+  if name in ('math', 'nl2sql', 'korean_mc', 'chat'):
+    examples = core.select(core.Settings(tasks=(name,), per_task_language=per_language, seed=settings.seed))
+    if name == 'korean_mc' and settings.kobalt_file:
+      examples += loaders.load_kobalt_jsonl(settings.kobalt_file)[:per_language]
+    return examples
+  if name == 'champ':
+    if not champ.available():
+      raise SuiteUnavailable(f'the `champ-dataset` package is not installed: `{champ.INSTALL_HINT}`')
+    return champ.load()[:settings.champ_problems]
+  if name == 'bfcl':
+    try:
+      return [bfcl.to_example(e, category) for category in settings.bfcl_categories
+              for e in bfcl.load(category)[:settings.bfcl_per_category]]
+    except FileNotFoundError as e:
+      raise SuiteUnavailable(str(e)) from None
+  if name == 'instruction_following':
+    return instruction_following.generate(settings.seed, per_language)
+  raise ValueError(f'unknown suite {name!r}; expected one of {SUITES}')
+
+
+def score(suite: str, example: Example, reply) -> reward.Verdict:
+  """The task's verifier (rewards.reward.score), or the instruction's rule for instruction following."""
+  if suite != 'instruction_following':
+    return reward.score(example, reply.final_turn, reply.actions)
+  response = reply.final_turn.response
+  follows = instruction_following.follows(example, response)
+  return reward.Verdict(correct=follows, format_ok=bool((response or '').strip()), language_mismatch=False,
+                        reward=float(follows))
+
+
+def pass_at_k(samples: int, correct: int, k: int) -> float:
+  """Unbiased pass@k from `samples` replies of which `correct` are right (Chen et al. 2021)."""
+  if samples - correct < k:
+    return 1.0
+  return 1.0 - math.comb(samples - correct, k) / math.comb(samples, k)
+
+
+def suite_metrics(suite: str, results: Sequence[tuple[Example, Any, reward.Verdict]]) -> dict[str, float]:
+  scored = [(e, v) for e, _, v in results if v.correct is not None]
+  metrics = {'accuracy': core.mean(v.correct for _, v in scored), 'examples': len(results),
+             'unscorable': len(results) - len(scored),
+             'format_ok': core.mean(v.format_ok for _, _, v in results),
+             'response_length': core.mean(int(np.sum(r.loss_mask)) for _, r, _ in results),
+             'overlong': core.mean(bool(getattr(r, 'overlong', False)) for _, r, _ in results)}
+  if suite not in NO_LANGUAGE_FIGURE:
+    metrics['language_mismatch'] = core.korean_mismatch_rate(results)
+  groups = collections.defaultdict(list)
+  for example, verdict in scored:
+    groups[example.language].append(verdict.correct)
+    if suite in ('bfcl', 'instruction_following'):
+      groups[example.meta.get('category') or example.meta.get('constraint')].append(verdict.correct)
+  metrics.update({f'accuracy/{key}': core.mean(values) for key, values in sorted(groups.items())})
+  return metrics
+
+
+def sampled_pass_at_k(suite: str, respond: Respond, examples: Sequence[Example], settings: Settings
+                      ) -> dict[str, float]:
+  """pass@k in reasoning mode from `pass_k_samples` replies per problem at `pass_k_temperature`."""
+  problems = _first_per_language(examples, settings.pass_k_problems)
+  repeated = [e for e in problems for _ in range(settings.pass_k_samples)]
+  replies = respond(repeated, 'reasoning', settings.pass_k_temperature, settings.seed + 1)
+  correct = collections.Counter()
+  scorable = set()
+  for example, reply in zip(repeated, replies):
+    verdict = score(suite, example, reply)
+    if verdict.correct is not None:
+      scorable.add(example.id)
+      correct[example.id] += bool(verdict.correct)
+  metrics = {f'pass_at_{k}': core.mean(pass_at_k(settings.pass_k_samples, correct[i], k) for i in sorted(scorable))
+             for k in settings.pass_k}
+  metrics['pass_at_k_problems'] = len(scorable)
+  return metrics
+
+
+def _first_per_language(examples: Sequence[Example], count: int) -> list[Example]:
+  seen, chosen = collections.Counter(), []
+  for example in examples:
+    if seen[example.language] < count:
+      seen[example.language] += 1
+      chosen.append(example)
+  return chosen
+
+
+def _short_enough(examples, tokenizer, settings) -> tuple[list[Example], int]:
+  """Examples whose prompt (reasoning preamble, the longer one) fits `max_prompt_tokens`; and how many not."""
+  kept = [e for e in examples if len(tokenizer.render(conversations.prompt(e), 'reasoning',
+                                                      add_generation_prompt=True)[0]) <= settings.max_prompt_tokens]
+  return kept, len(examples) - len(kept)
+
+
+def evaluate(respond: Respond, tokenizer: tokenizer_lib.Tokenizer, settings: Settings, *,
+             progress: bool = True) -> dict[str, Any]:
+  """Every suite × mode: {'suites': {suite: {mode: metrics}}, 'overall': {mode: metrics}, 'skipped':
+  {suite: why}}; a tqdm bar runs across the suites."""
+  plan, skipped = [], {}
+  for name in settings.suites:
+    try:
+      examples, too_long = _short_enough(suite_examples(name, settings), tokenizer, settings)
+    except SuiteUnavailable as e:
+      skipped[name] = str(e)
+      continue
+    if too_long:
+      skipped[f'{name} (part)'] = f'{too_long} prompts over max_prompt_tokens={settings.max_prompt_tokens} left out'
+    plan += [(name, mode, examples) for mode in settings.modes]
+    if name in PASS_K_SUITES and 'reasoning' in settings.modes and settings.pass_k_samples:
+      plan.append((name, 'pass@k', examples))
+  out = {'suites': collections.defaultdict(dict), 'overall': {}, 'skipped': skipped}
+  pooled = collections.defaultdict(list)
+  bar = tqdm.tqdm(plan, desc='eval', unit='suite', disable=not progress)
+  for name, mode, examples in bar:
+    bar.set_postfix_str(f'{name}/{mode} ({len(examples)} prompts)')
+    if mode == 'pass@k':
+      out['suites'][name]['reasoning'].update(sampled_pass_at_k(name, respond, examples, settings))
+      continue
+    replies = respond(examples, mode, 0.0, settings.seed)
+    results = [(e, r, score(name, e, r)) for e, r in zip(examples, replies)]
+    out['suites'][name][mode] = suite_metrics(name, results)
+    if name not in NO_LANGUAGE_FIGURE:
+      pooled[mode] += results
+  for mode, results in pooled.items():
+    out['overall'][mode] = {'language_mismatch': core.korean_mismatch_rate(results),
+                            'response_length': core.mean(int(np.sum(r.loss_mask)) for _, r, _ in results),
+                            'korean_prompts': sum(reward.prompt_language(e.prompt) == 'ko' for e, _, _ in results),
+                            'examples': len(results)}
+  out['suites'] = dict(out['suites'])
+  return out
+
+
+def flat_metrics(results: dict[str, Any]) -> dict[str, float]:
+  """`eval/<suite>/<mode>/<metric>` and `eval/overall/<mode>/<metric>`, for metrics.jsonl and sweeps."""
+  flat = {}
+  for name, modes in results['suites'].items():
+    for mode, metrics in modes.items():
+      flat.update({f'eval/{name}/{mode}/{k}': float(v) for k, v in metrics.items()})
+  for mode, metrics in results['overall'].items():
+    flat.update({f'eval/overall/{mode}/{k}': float(v) for k, v in metrics.items()})
+  return flat
+
+
+# ---- report ----------------------------------------------------------------------------------
+
+def _pct(value) -> str:
+  return '–' if value is None or (isinstance(value, float) and math.isnan(value)) else f'{100 * value:.1f}'
+
+
+def _num(value) -> str:
+  return '–' if value is None or (isinstance(value, float) and math.isnan(value)) else f'{value:.1f}'
+
+
+def report_markdown(results: dict[str, Any]) -> str:
+  suites, modes = results['suites'], results['settings']['modes']
+  get = lambda name, mode, key: suites.get(name, {}).get(mode, {}).get(key)
+  lines = [f'# Evaluation of `{results["init_from"]}`', '',
+           f'Greedy decoding, at most {results["settings"]["max_new_tokens"]} new tokens, SQL tool loop on for NL2SQL; '
+           'accuracy in % of scorable prompts (`luckystar/evals/run.py`).', '',
+           '## Accuracy per suite', '',
+           '| suite | metric | ' + ' | '.join(modes) + ' | prompts | unscorable |',
+           '|---|---|' + '---|' * len(modes) + '---|---|']
+  for name in suites:
+    any_mode = next(iter(suites[name].values()))
+    lines.append(f'| {name} | {HEADLINE[name]} | ' + ' | '.join(_pct(get(name, m, 'accuracy')) for m in modes)
+                 + f' | {any_mode.get("examples", 0)} | ' + ' / '.join(str(get(name, m, 'unscorable')) for m in modes)
+                 + ' |')
+  pass_rows = [name for name in suites if 'pass_at_k_problems' in suites[name].get('reasoning', {})]
+  if pass_rows:
+    ks = results['settings']['pass_k']
+    lines += ['', f'## pass@k (reasoning mode, {results["settings"]["pass_k_samples"]} samples per problem at '
+              f'temperature {results["settings"]["pass_k_temperature"]})', '',
+              '| suite | problems | ' + ' | '.join(f'pass@{k}' for k in ks) + ' |', '|---|---|' + '---|' * len(ks)]
+    for name in pass_rows:
+      lines.append(f'| {name} | {get(name, "reasoning", "pass_at_k_problems")} | '
+                   + ' | '.join(_pct(get(name, 'reasoning', f'pass_at_{k}')) for k in ks) + ' |')
+  lines += ['', '## Language and length', '',
+            'Korean→English mismatch (paper Table 2): % of Korean prompts with a parsable response whose response is '
+            'not Korean. Length: generated tokens per reply (tool results excluded).', '',
+            '| suite | ' + ' | '.join(f'{m} mismatch | {m} length' for m in modes) + ' |',
+            '|---|' + '---|---|' * len(modes)]
+  for name in suites:
+    lines.append(f'| {name} | ' + ' | '.join(f'{_pct(get(name, m, "language_mismatch"))} | '
+                                            f'{_num(get(name, m, "response_length"))}' for m in modes) + ' |')
+  lines.append('| **all but instruction_following** | ' + ' | '.join(
+      f'{_pct(results["overall"].get(m, {}).get("language_mismatch"))} | '
+      f'{_num(results["overall"].get(m, {}).get("response_length"))}' for m in modes) + ' |')
+  lines += ['', '## Breakdown (accuracy %, per language and category)', '',
+            '| suite | mode | breakdown |', '|---|---|---|']
+  for name in suites:
+    for mode in modes:
+      parts = [f'{k.removeprefix("accuracy/")} {_pct(v)}' for k, v in suites[name].get(mode, {}).items()
+               if k.startswith('accuracy/')]
+      lines.append(f'| {name} | {mode} | {", ".join(parts) or "–"} |')
+  if results['skipped']:
+    lines += ['', '## Skipped', ''] + [f'- **{name}**: {why}' for name, why in results['skipped'].items()]
+  return '\n'.join(lines) + '\n'
+
+
+def plot(workdir: pathlib.Path, results: dict[str, Any]) -> list[pathlib.Path]:
+  """Bar charts: accuracy, response length and language mismatch per suite and mode; pass@k."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  suites, modes = results['suites'], results['settings']['modes']
+  out_dir = workdir / metrics_lib.PLOTS_DIR
+  out_dir.mkdir(parents=True, exist_ok=True)
+  charts = [('accuracy', 'accuracy (%)', 100), ('response_length', 'generated tokens per reply', 1),
+            ('language_mismatch', 'Korean→English mismatch (%)', 100)]
+  written = []
+  names = list(suites)
+  for key, label, scale in charts:
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(names)), 3.6), dpi=100)
+    width = 0.8 / max(len(modes), 1)
+    for i, mode in enumerate(modes):
+      values = [suites[n].get(mode, {}).get(key, float('nan')) * scale for n in names]
+      ax.bar(np.arange(len(names)) + i * width, np.nan_to_num(values), width, label=mode)
+    ax.set_xticks(np.arange(len(names)) + width * (len(modes) - 1) / 2, names, rotation=20, ha='right')
+    ax.set(ylabel=label, title=f'{results["init_from"]}: {label}')
+    ax.legend()
+    ax.grid(axis='y', alpha=0.3)
+    fig.tight_layout()
+    path = out_dir / f'{key}.png'
+    fig.savefig(path)
+    plt.close(fig)
+    written.append(path)
+  pass_names = [n for n in names if 'pass_at_k_problems' in suites[n].get('reasoning', {})]
+  if pass_names:
+    ks = results['settings']['pass_k']
+    fig, ax = plt.subplots(figsize=(5, 3.6), dpi=100)
+    width = 0.8 / len(ks)
+    for i, k in enumerate(ks):
+      values = [100 * suites[n]['reasoning'].get(f'pass_at_{k}', float('nan')) for n in pass_names]
+      ax.bar(np.arange(len(pass_names)) + i * width, np.nan_to_num(values), width, label=f'pass@{k}')
+    ax.set_xticks(np.arange(len(pass_names)) + width * (len(ks) - 1) / 2, pass_names)
+    ax.set(ylabel='%', title=f'{results["init_from"]}: pass@k (reasoning, sampled)')
+    ax.legend()
+    fig.tight_layout()
+    path = out_dir / 'pass_at_k.png'
+    fig.savefig(path)
+    plt.close(fig)
+    written.append(path)
+  return written
+
+
+def write(workdir: str | pathlib.Path, results: dict[str, Any]) -> None:
+  """report.md, results.json, metrics.jsonl (one row, step 0) and plots/*.png in `workdir`."""
+  workdir = pathlib.Path(workdir)
+  (workdir / 'results.json').write_text(json.dumps(results, indent=2, ensure_ascii=False) + '\n')
+  (workdir / 'report.md').write_text(report_markdown(results))
+  writer = metrics_lib.Writer(workdir)
+  writer.write(0, flat_metrics(results))
+  writer.close()
+  plot(workdir, results)
+
+
+def run(config, workdir: str) -> None:
+  settings = Settings.from_config(config.eval)
+  if config.init_from.startswith(state_lib.RANDOM_INIT_PREFIX):  # a smoke test of the stage
+    model_config, _ = state_lib.initial_model(config.init_from)
+    loaded = api.Model(model_config, model_lib.init(model_config, jax.random.key(config.seed)))
+  else:
+    loaded = api.load(config.init_from)
+  tokenizer = loaded.tokenizer or tokenizer_lib.default()
+  respond = model_respond(loaded.config, loaded.params, tokenizer, settings)
+  results = {'init_from': config.init_from, 'settings': dataclasses.asdict(settings),
+             **evaluate(respond, tokenizer, settings)}
+  write(workdir, results)
+  summary = ', '.join(f'{name} {_pct(modes.get("reasoning", next(iter(modes.values()))).get("accuracy"))}%'
+                      for name, modes in results['suites'].items())
+  print(f'eval of {config.init_from}: {summary}; report: {pathlib.Path(workdir) / "report.md"}')

@@ -1,0 +1,111 @@
+"""The eval stage: BFCL gold answers score 100%, rule-verified instructions, pass@k, the stage end to end."""
+
+import itertools
+import json
+import math
+
+import pytest
+
+from luckystar import tokenizer as tokenizer_lib
+from luckystar.data import bfcl, champ
+from luckystar.evals import instruction_following
+from luckystar.evals import run as eval_run
+from luckystar.rewards import function_call
+
+START_ACTION, END_ACTION = tokenizer_lib.SECTION_TOKENS['action']
+needs_bfcl = pytest.mark.skipif(not bfcl.importlib.util.find_spec(bfcl.PACKAGE),
+                                reason=f'BFCL data not installed: {bfcl.INSTALL_HINT}')
+
+
+def _bfcl_oracle(examples, *, wrong=False):
+  """A text "model" that answers each BFCL question with its gold calls as our action JSON."""
+  answers = {}
+  for e in examples:
+    calls = [function_call.gold_call(entry, e.meta['functions']) for entry in e.meta['ground_truth']]
+    if wrong:  # one call short, or a call with no arguments: both must fail the AST check
+      calls = calls[:-1] if len(calls) > 1 else [{'tool_name': calls[0]['tool_name'], 'parameters': {}}]
+    answers[e.system, e.prompt] = START_ACTION + json.dumps(calls[0] if len(calls) == 1 else calls) + END_ACTION
+  return lambda messages, mode: answers[messages[0]['content'], messages[-1]['content']]  # system, user
+
+
+@needs_bfcl
+@pytest.mark.parametrize('wrong', [False, True])
+def test_bfcl_gold_answers_as_model_output_score_100_percent(wrong):
+  settings = eval_run.Settings(suites=('bfcl',), modes=('concise',), bfcl_per_category=10**6,
+                               max_prompt_tokens=10**6)
+  examples = eval_run.suite_examples('bfcl', settings)
+  assert {e.meta['category'] for e in examples} == {'simple_python', 'multiple', 'parallel'}
+  assert len(examples) == sum(len(bfcl.load(c)) for c in settings.bfcl_categories)
+  tok = tokenizer_lib.default()
+  results = eval_run.evaluate(eval_run.text_respond(_bfcl_oracle(examples, wrong=wrong), tok), tok, settings,
+                              progress=False)
+  metrics = results['suites']['bfcl']['concise']
+  expected = 0.0 if wrong else 1.0
+  assert metrics['unscorable'] == 0 and metrics['examples'] == len(examples)
+  for key in ('accuracy', 'accuracy/simple_python', 'accuracy/multiple', 'accuracy/parallel'):
+    assert metrics[key] == expected, key
+
+
+def test_parse_text_reads_our_section_markers():
+  thinking, response = tokenizer_lib.SECTION_TOKENS['thinking'], tokenizer_lib.SECTION_TOKENS['response']
+  turn, actions = eval_run.parse_text(f'{thinking[0]}2+3=5{thinking[1]}{response[0]}5입니다.{response[1]}')
+  assert (turn.thinking, turn.response, actions) == ('2+3=5', '5입니다.', [])
+  turn, actions = eval_run.parse_text(f'{START_ACTION}{{"a": 1}}{END_ACTION}{START_ACTION}[]{END_ACTION}')
+  assert actions == ['{"a": 1}', '[]'] and turn.response is None
+  assert eval_run.parse_text('plain text') == (tokenizer_lib.AssistantTurn(response='plain text', ended=True), [])
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+  for samples, correct, k in itertools.product(range(1, 7), range(7), range(1, 7)):
+    if correct > samples or k > samples:
+      continue
+    subsets = list(itertools.combinations([1] * correct + [0] * (samples - correct), k))
+    brute = sum(any(s) for s in subsets) / len(subsets)
+    assert math.isclose(eval_run.pass_at_k(samples, correct, k), brute), (samples, correct, k)
+
+
+def test_instruction_following_rules_accept_and_reject():
+  cases = {  # kind → param → (a response that follows, one that does not)
+      'max_words': lambda n: ('Berlin', ' '.join(['word'] * (n + 1))),
+      'json': lambda _: ('{"answer": "Berlin"}', 'answer: Berlin'),
+      'bullets': lambda n: ('\n'.join(['- Berlin'] * n), '- Berlin\nBerlin'),
+      'language': lambda target: ('베를린입니다.', 'It is Berlin.')[::1 if target == 'ko' else -1],
+      'lowercase': lambda _: ('berlin', 'Berlin'),
+      'ends_with': lambda word: (f'Berlin. {word}.', f'{word} Berlin.'),
+  }
+  examples = instruction_following.generate(seed=0, per_language=12)
+  assert examples == instruction_following.generate(seed=0, per_language=12)
+  assert {e.meta['constraint'] for e in examples} == set(instruction_following.KINDS)
+  for e in examples:
+    kind, param = e.meta['constraint'], e.meta['param']
+    good, bad = cases[kind](param)
+    assert instruction_following.follows(e, good), (e.prompt, good)
+    assert not instruction_following.follows(e, bad), (e.prompt, bad)
+    assert not instruction_following.follows(e, '')
+
+
+@pytest.mark.skipif(not champ.available(), reason=f'CHAMP not installed: {champ.INSTALL_HINT}')
+def test_champ_problems_load_as_math_examples():
+  examples = champ.load()
+  assert len(examples) == 270 and len({e.id for e in examples}) == 270
+  assert all(e.task == 'math' and e.split == 'heldout' and e.answer for e in examples)
+
+
+def test_the_eval_stage_writes_report_results_and_plots(tmp_path):
+  from luckystar import config as config_lib
+  config = config_lib.from_file('configs/eval.py', 'smoke')
+  eval_run.run(config, str(tmp_path))
+  results = json.loads((tmp_path / 'results.json').read_text())
+  report = (tmp_path / 'report.md').read_text()
+  expected = set(eval_run.SUITES) - set(results['skipped'])
+  assert set(results['suites']) == expected and expected >= {'math', 'nl2sql', 'korean_mc', 'chat',
+                                                             'instruction_following'}
+  for name in results['suites']:
+    assert f'| {name} |' in report
+    assert set(results['suites'][name]) == {'reasoning', 'concise'}
+  assert 'pass_at_2' in results['suites']['math']['reasoning']
+  assert 0 <= results['overall']['reasoning']['response_length'] <= 24
+  for chart in ('accuracy', 'response_length', 'language_mismatch', 'pass_at_k'):
+    assert (tmp_path / 'plots' / f'{chart}.png').stat().st_size > 0
+  row, = [json.loads(line) for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  assert row['step'] == 0 and 'eval/chat/concise/accuracy' in row

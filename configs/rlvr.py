@@ -39,7 +39,10 @@ def get_config(arg=None):
       # [1/8, 7/8] filter 57% of the time by luck and carries no learnable signal (README, "RLVR").
       tasks=('chat', 'function_calling', 'math', 'nl2sql'),
       samples_per_prompt=8,
-      language_penalty=0.5,        # r = correctness − 0.5·[response language ≠ prompt language]
+      # r = correctness − penalty·[response language ≠ prompt language]. The paper's 0.5 still pays a correct
+      # English answer to a Korean prompt more than a wrong Korean one, and tiny-sft drifts under it
+      # (held-out Korean→English 0 → 11% in 32 steps); at 1.0 it does not (experiments/language_penalty.md).
+      language_penalty=1.0,
       drop_overlong=True,          # overlong rollouts leave the baseline and the loss
       kl_beta=0.0,                 # 0 ⇒ no reference params held in memory
       clip_epsilon=0.0,            # > 0: PPO-style ratio clipping (with updates_per_batch > 1)
@@ -57,6 +60,7 @@ def get_config(arg=None):
       selection_batch=128,         # rollouts per sampling call during selection
       eval_prompts=200,
       eval_modes=('reasoning',),
+      eval_samples=4,              # + eval/sampled/*: pass@1 over 4 draws per held-out prompt at config.sampling; 0: off
       eval_batch_size=64,
   ))
 
@@ -72,6 +76,7 @@ def get_config(arg=None):
     config.rlvr.selection_samples = 4
     config.rlvr.select_pass_rate = (0.0, 1.0)
     config.rlvr.eval_prompts = 8
+    config.rlvr.eval_samples = 2
   elif arg:
     raise ValueError(f'unknown variant configs/rlvr.py:{arg}; expected configs/rlvr.py or configs/rlvr.py:smoke')
   return config

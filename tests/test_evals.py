@@ -29,6 +29,22 @@ def test_evaluate_reports_every_metric_for_a_random_model():
   assert math.isnan(metrics['eval/reasoning/language_mismatch']) or 0 <= metrics['eval/reasoning/language_mismatch'] <= 1
 
 
+def test_sampled_eval_draws_several_replies_per_prompt():
+  """temperature > 0: `samples` rollouts per prompt (pass@1 is their mean), reproducible from the seed."""
+  tok = tokenizer_lib.default()
+  config = model.get('tiny', hidden_size=32, intermediate_size=64, num_layers=2,
+                     layer_types=(model.SLIDING, model.FULL), sliding_window=16)
+  params = model.init(config, jax.random.key(0))
+  examples = core.select(core.Settings(tasks=('chat',), per_task_language=2))
+  settings = core.Settings(max_new_tokens=8, batch_size=8, temperature=1.0, samples=3)
+  results = core.run_examples(config, params, tok, examples, 'concise', settings)
+  assert [e.id for e, _, _ in results] == [e.id for e in examples for _ in range(3)]
+  replies = [r.token_ids.tolist() for _, r, _ in results]
+  assert len({tuple(r) for r in replies}) > 1                      # sampled, not greedy
+  again = core.run_examples(config, params, tok, examples, 'concise', settings)
+  assert [r.token_ids.tolist() for _, r, _ in again] == replies
+
+
 def test_the_eval_set_is_fixed_and_balanced():
   settings = core.Settings(tasks=('math', 'chat'), per_task_language=5)
   chosen = core.select(settings)

@@ -239,7 +239,8 @@ def test_killed_and_resumed_rl_run_is_bitwise_equal_to_uninterrupted(runs):
   for name in ('train/reward', 'train/pass_rate', 'train/zero_variance_groups', 'train/overlong_fraction',
                'train/entropy', 'perf/rollout_tokens_per_sec'):
     assert name in rows_whole[1], name
-  assert {'eval/correctness', 'eval/language_mismatch'} <= set(rows_whole[0]) & set(rows_whole[-1])
+  assert {'eval/correctness', 'eval/language_mismatch', 'eval/sampled/correctness',
+          'eval/sampled/language_mismatch'} <= set(rows_whole[0]) & set(rows_whole[-1])
 
 
 def test_prompt_selection_is_cached_and_checked(runs):

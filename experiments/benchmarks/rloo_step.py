@@ -129,7 +129,8 @@ def main():
                                            samples_per_prompt=settings.samples_per_prompt,
                                            **rloo.rollout_options(config))
     sampled = time.perf_counter()
-    batch, zero_variance = rloo.training_batch(prompts, groups, length_multiple=settings.length_multiple)
+    batch, zero_variance = rloo.training_batch(prompts, groups, length_multiple=settings.length_multiple,
+                                               score_multiple=config.sampling.max_new_tokens)
     rloo.rollout_metrics(groups, zero_variance)
     device_batch = jax.block_until_ready(update_fn.put_batch(batch))
     built = time.perf_counter()

@@ -1,6 +1,7 @@
 """Held-out correctness per task and language, in both modes (DESIGN §8 `eval/*` metrics).
 
-Greedy decoding, the tool loop on (NL2SQL runs its SQL in the sandbox), scored by
+Greedy decoding (or `Settings.samples` draws per prompt at `Settings.temperature`, whose mean
+correctness is pass@1 at that temperature), the tool loop on (NL2SQL runs its SQL in the sandbox), scored by
 `rewards.reward.score`. Metric names, for mode m in (reasoning, concise):
 
     eval/<m>/correctness, eval/<m>/correctness/<task>, eval/<m>/correctness/<language>,
@@ -46,6 +47,8 @@ class Settings:
   max_tool_result_tokens: int = 96
   batch_size: int = 32
   seed: int = 0
+  temperature: float = 0.0         # 0: greedy; > 0: sampled at this temperature (pass@1 = mean over samples)
+  samples: int = 1                 # rollouts per prompt when sampling
 
   @classmethod
   def from_config(cls, config: Any) -> 'Settings':
@@ -71,7 +74,10 @@ def _tool_fn(examples: Sequence[Example]):
 
 def run_examples(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, examples: Sequence[Example],
                  mode: str, settings: Settings) -> list[tuple[Example, Any, reward.Verdict]]:
-  """Greedy rollouts of `examples` in `mode`, each with its verdict."""
+  """Rollouts of `examples` in `mode` (greedy, or `settings.samples` each at `settings.temperature`),
+  each with its verdict."""
+  if settings.temperature > 0:
+    examples = [e for e in examples for _ in range(settings.samples)]
   results = []
   for start in range(0, len(examples), settings.batch_size):
     batch = examples[start:start + settings.batch_size]
@@ -79,7 +85,7 @@ def run_examples(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, e
     rollouts = sampling.rollout(
         model_config, params, tokenizer, prompts, tool_fn=_tool_fn(batch), max_tool_turns=settings.max_tool_turns,
         max_tool_result_tokens=settings.max_tool_result_tokens, max_new_tokens=settings.max_new_tokens,
-        temperature=0.0, rng=jax.random.key(settings.seed))
+        temperature=settings.temperature, rng=jax.random.fold_in(jax.random.key(settings.seed), start))
     for example, rollout in zip(batch, rollouts):
       results.append((example, rollout, reward.score(example, rollout.final_turn, rollout.actions)))
   return results

@@ -16,6 +16,7 @@ held-out eval set with the same task/language mix, then the shared training loop
 drawn by the current policy at every step.
 """
 
+import dataclasses
 import functools
 import json
 import pathlib
@@ -147,10 +148,12 @@ def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, 
 
 
 def training_batch(prompts: Sequence[Sequence[int]], groups: Sequence[Sequence[rollouts.Scored]], *,
-                   length_multiple: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+                   length_multiple: int, score_multiple: int = sft.SCORE_COLUMN_MULTIPLE
+                   ) -> tuple[dict[str, np.ndarray], np.ndarray]:
   """The update's batch: one row per rollout, prompt + continuation, right-padded to a multiple of
-  `length_multiple`, with score_columns at the generated tokens. Returns (batch, zero_variance
-  [prompts]). See `loss_fn` for the fields."""
+  `length_multiple`, with score_columns at the generated tokens (their width rounded up to
+  `score_multiple`: the sampling budget gives one width for every batch, so fewer compiles).
+  Returns (batch, zero_variance [prompts]). See `loss_fn` for the fields."""
   rewards = np.array([[s.verdict.reward if s.survived else 0.0 for s in group] for group in groups], np.float32)
   survived = np.array([[s.survived for s in group] for group in groups])
   advantages, used = jax.device_get(rloo_advantages(rewards, survived))
@@ -168,7 +171,7 @@ def training_batch(prompts: Sequence[Sequence[int]], groups: Sequence[Sequence[r
     batch['old_logprobs'][b, n:total] = rollout.untruncated_logprobs
   batch['advantages'] = np.asarray(advantages, np.float32).reshape(-1)
   batch['used'] = np.asarray(used, np.int32).reshape(-1)
-  return sft.with_score_columns(batch), np.asarray(jax.device_get(zero_variance_groups(rewards, survived)))
+  return sft.with_score_columns(batch, score_multiple), np.asarray(jax.device_get(zero_variance_groups(rewards, survived)))
 
 
 def rollout_metrics(groups: Sequence[Sequence[rollouts.Scored]], zero_variance: np.ndarray, prefix: str = 'train'
@@ -193,6 +196,7 @@ def rollout_metrics(groups: Sequence[Sequence[rollouts.Scored]], zero_variance: 
 # ---- prompts --------------------------------------------------------------------------------------
 
 SELECTION_FILE = 'prompt_selection.json'
+SAMPLED_PREFIX = 'eval/sampled/'  # held-out figures of `eval_samples` draws per prompt at the sampling temperature
 
 
 def prompt_pool(settings: Any, split: str, tokenizer: Tokenizer, *, seed: int) -> list[Example]:
@@ -340,9 +344,18 @@ def run(config, workdir: str) -> None:
                                       max_tool_result_tokens=settings.max_tool_result_tokens,
                                       batch_size=settings.eval_batch_size, seed=config.seed)
 
+  sampled_settings = dataclasses.replace(eval_settings, temperature=config.sampling.temperature,
+                                         samples=settings.eval_samples)
+
   def eval_fn(params, step):
     del step
-    return evals_core.evaluate(model_config, jax.device_get(params), tokenizer, eval_settings, examples=heldout)
+    params = jax.device_get(params)
+    metrics = evals_core.evaluate(model_config, params, tokenizer, eval_settings, examples=heldout)
+    if settings.eval_samples:  # what RL optimises: pass@1 of the policy as it samples
+      sampled = evals_core.evaluate(model_config, params, tokenizer, sampled_settings, examples=heldout)
+      metrics |= {SAMPLED_PREFIX + key.removeprefix('eval/'): value for key, value in sampled.items()
+                  if key.startswith(('eval/correctness', 'eval/language_mismatch', 'eval/response_length'))}
+    return metrics
 
   if config.batch_size % jax.process_count():
     raise ValueError(f'config.batch_size={config.batch_size} prompts per step does not split over '
@@ -364,7 +377,8 @@ def run(config, workdir: str) -> None:
                                          [prompts[int(i)] for i in indices], rng,
                                          samples_per_prompt=settings.samples_per_prompt, **rollout_options(config))
     batch, zero_variance = training_batch([prompts[int(i)] for i in indices], groups,
-                                          length_multiple=settings.length_multiple)
+                                          length_multiple=settings.length_multiple,
+                                          score_multiple=config.sampling.max_new_tokens)
     if reference is not None:
       full = {k: v for k, v in batch.items() if k != 'score_columns'}  # [B, T] like the other per-token fields
       batch['ref_logprobs'] = np.pad(np.asarray(reference(reference_params, full)), ((0, 0), (1, 0)))

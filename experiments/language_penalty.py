@@ -68,6 +68,8 @@ def report(root: pathlib.Path, penalties: list[str], seeds: list[int], window: i
     cell = lambda key: f'{pct(first.get(key))} → {pct(last.get(key))}'
     lines.append(f'| {penalty} | {seed} | {cell("eval/language_mismatch")} | {cell("eval/correctness")} | '
                  f'{cell("eval/sampled/language_mismatch")} | {cell("eval/sampled/correctness")} |')
+  lines += ['', '– : not logged by that run (a run made before the stage logged `eval/sampled/*`; its training '
+            'is the same).']
   return '\n'.join(lines) + '\n'
 
 

@@ -26,10 +26,8 @@ SMOKE = 'configs/dpo.py:smoke'
 
 
 def _config(arg=None):
-  spec = importlib.util.spec_from_file_location('dpo_config', main_runs.ROOT / 'configs' / 'dpo.py')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  from luckystar import config as config_lib
+  return config_lib.from_file(main_runs.ROOT / 'configs' / 'dpo.py', arg)
 
 
 # ---- the loss --------------------------------------------------------------------------------------------
@@ -201,7 +199,7 @@ def test_build_pairs_kinds_limits_and_provenance(monkeypatch):
     assert not any(pair['chosen_loss_mask'][:len(prompt)]) and not any(pair['rejected_loss_mask'][:len(prompt)])
     assert pair['chosen_length'] == sum(pair['chosen_loss_mask'])
     assert pair['rejected_length'] == sum(pair['rejected_loss_mask'])
-    assert pair['sampling'] == dict(config.sampling) and pair['mode'] == 'concise' and pair['policy'] == 'tiny-sft'
+    assert pair['sampling'] == dict(config.sampling) and pair['mode'] == 'concise' and pair['policy'] == config.init_from
     if pair['kind'] == 'concise':
       assert pair['rejected_length'] >= max(1.5 * pair['chosen_length'], pair['chosen_length'] + 8)
   assert pairs[0]['chosen_text'] == examples[0].response

@@ -23,6 +23,7 @@ greedy, a point mass), and `untruncated_logprobs`, log softmax(logits / T)
 import dataclasses
 import functools
 import json
+import math
 from typing import Any, Callable, Protocol, Sequence
 
 import flax.struct
@@ -218,19 +219,31 @@ def sample(model: 'model_lib.ModelConfig | Decoder', params: Any, prompts: Seque
 
   model: a ModelConfig (the cached luckystar decoder) or any `Decoder`. budgets: per-row limits
   (default max_new_tokens). length_multiple rounds the padded prompt length up, so that calls with
-  similar prompts reuse one compiled program.
+  similar prompts reuse one compiled program. Under `sharding.activate(mesh)` the batch is padded to a
+  multiple of the mesh's batch devices (rows with budget 0, dropped from the output), so any number
+  of prompts splits over ('data', 'fsdp').
   """
   if max_new_tokens < 1:
     raise ValueError(f'max_new_tokens must be at least 1, got {max_new_tokens}')
-  tokens, starts = left_pad(prompts, length_multiple)
   budgets = np.full(len(prompts), max_new_tokens, np.int32) if budgets is None else np.asarray(budgets, np.int32)
   if budgets.shape != (len(prompts),) or budgets.max(initial=0) > max_new_tokens:
     raise ValueError(f'budgets must be {len(prompts)} ints <= max_new_tokens={max_new_tokens}, got {budgets}')
+  rows = len(prompts)
+  padding = -rows % _batch_devices()
+  tokens, starts = left_pad([*prompts, *[prompts[0]] * padding], length_multiple)
+  budgets = np.concatenate([budgets, np.zeros(padding, np.int32)])
   stops = np.full(_bucket(len(stop_ids), 4), -1, np.int32)  # a few sizes, so stop sets share programs
   stops[:len(stop_ids)] = stop_ids
   settings = SamplingSettings(float(temperature), int(top_k), float(top_p))
-  return sample_padded(as_decoder(model), params, tokens, starts, budgets, stops, rng,
-                       max_new_tokens=int(max_new_tokens), settings=settings)
+  out = sample_padded(as_decoder(model), params, tokens, starts, budgets, stops, rng,
+                      max_new_tokens=int(max_new_tokens), settings=settings)
+  return out if not padding else jax.tree.map(lambda x: x[:rows], out)
+
+
+def _batch_devices() -> int:
+  """How many ways the active mesh (`sharding.activate`) splits the batch axis; 1 without one."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return 1 if mesh.empty else math.prod(mesh.shape.get(axis, 1) for axis in ('data', 'fsdp'))
 
 
 # ---- the multi-turn tool loop ------------------------------------------------------------------

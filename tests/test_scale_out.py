@@ -124,3 +124,19 @@ def test_sharded_rollouts_sample_the_same_tokens():
   np.testing.assert_array_equal(np.asarray(outputs[layout].tokens), np.asarray(outputs['one device'].tokens))
   np.testing.assert_allclose(np.asarray(outputs[layout].untruncated_logprobs),
                              np.asarray(outputs['one device'].untruncated_logprobs), rtol=1e-5, atol=1e-5)
+
+
+def test_sharded_sampling_pads_a_batch_that_does_not_split():
+  """5 prompts on a mesh of 8 batch devices: padded to 8 rows with budget 0, the 5 real rows come back
+  equal to one device's."""
+  rng = np.random.default_rng(4)
+  prompts = [rng.integers(1, MICRO.vocab_size, n).tolist() for n in (3, 9, 5, 12, 1)]
+  params = host_params(MICRO, 2)
+  outputs = {}
+  for name, mesh in {'one device': one_device(), 'data': sharding.make_mesh(LAYOUTS['data'])}.items():
+    with sharding.activate(mesh):
+      outputs[name] = sampling.sample(MICRO, jax.device_put(params, model.param_shardings(MICRO, mesh)), prompts,
+                                      rng=jax.random.key(6), max_new_tokens=6, temperature=0.0)
+  assert outputs['data'].tokens.shape == (5, 6)
+  np.testing.assert_array_equal(np.asarray(outputs['data'].tokens), np.asarray(outputs['one device'].tokens))
+  np.testing.assert_array_equal(np.asarray(outputs['data'].lengths), np.asarray(outputs['one device'].lengths))

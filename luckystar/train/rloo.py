@@ -336,7 +336,8 @@ def run(config, workdir: str) -> None:
   state = state_lib.create(model_config, optimizer, mesh, seed=config.seed, params=params)
 
   pool = prompt_pool(settings, 'train', tokenizer, seed=config.seed)
-  selected = select_prompts(config, workdir, model_config, state.params, tokenizer, pool)
+  with sharding.activate(mesh):  # rollouts and their KV cache split over the mesh's batch devices
+    selected = select_prompts(config, workdir, model_config, state.params, tokenizer, pool)
   heldout = eval_examples(selected, prompt_pool(settings, 'heldout', tokenizer, seed=config.seed),
                           settings.eval_prompts, config.seed)
   eval_settings = evals_core.Settings(modes=tuple(settings.eval_modes), max_new_tokens=config.sampling.max_new_tokens,
@@ -373,9 +374,10 @@ def run(config, workdir: str) -> None:
   def prepare(state, indices, rng):
     start = time.perf_counter()
     examples = [selected[int(i)] for i in indices]
-    groups = rollouts.generate_and_score(model_config, state.params, tokenizer, examples,
-                                         [prompts[int(i)] for i in indices], rng,
-                                         samples_per_prompt=settings.samples_per_prompt, **rollout_options(config))
+    with sharding.activate(mesh):
+      groups = rollouts.generate_and_score(model_config, state.params, tokenizer, examples,
+                                           [prompts[int(i)] for i in indices], rng,
+                                           samples_per_prompt=settings.samples_per_prompt, **rollout_options(config))
     batch, zero_variance = training_batch([prompts[int(i)] for i in indices], groups,
                                           length_multiple=settings.length_multiple,
                                           score_multiple=config.sampling.max_new_tokens)

@@ -3,7 +3,8 @@
 Stage modules (`sft.py`, `rloo.py`, `rejection_sampling.py`, `dpo.py`) hold the pure loss of their method plus a short
 `run(config, workdir)`; everything else lives once here:
 
-    state.py       TrainState, created sharded from `jax.eval_shape` (random or loaded params)
+    state.py       TrainState, created sharded from `jax.eval_shape` (random or loaded params);
+                   `start`: model, mesh, optimizer and state, the start-up every training stage shares
     optim.py       AdamW, linear warmup + cosine decay, global-norm clipping
     step.py        one jitted `update_fn(state, batch, rng)` from a pure `loss_fn(params, batch, rng)`
     checkpoint.py  orbax CheckpointManager: state + grain iterator, atomic, resumable

@@ -68,7 +68,6 @@ from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations, pipeline, suites
 from luckystar.data.examples import Example
 from luckystar.evals import core as evals_core
-from luckystar.model import sharding
 from luckystar.rewards import reward as reward_lib
 from luckystar.tokenizer import Tokenizer
 from luckystar.train import loop, optim, rloo, rollouts
@@ -445,13 +444,8 @@ def run(config, workdir: str) -> None:
     return
   workdir = pathlib.Path(workdir)
   settings = config.dpo
-  model_config, params = state_lib.initial_model(config.init_from)
   tokenizer = tokenizer_lib.default()
-  state_lib.check_vocab(config.init_from, model_config, tokenizer)
-  mesh = sharding.make_mesh(dict(config.mesh))
-  optimizer = optim.make(config)
-  state = state_lib.create(model_config, optimizer, mesh, seed=config.seed, params=params)
-  del params  # the state holds the starting params now (its own copy, donated each step)
+  model_config, mesh, optimizer, state = state_lib.start(config, tokenizer)
 
   # The starting params, before a resumed run restores its checkpoint: the policy that samples and the reference.
   pairs = load_or_build_pairs(config, workdir, model_config, state.params, tokenizer)

@@ -328,12 +328,8 @@ def run(config, workdir: str) -> None:
     return
   workdir = pathlib.Path(workdir)
   settings = config.rlvr
-  model_config, params = state_lib.initial_model(config.init_from)
   tokenizer = tokenizer_lib.default()
-  state_lib.check_vocab(config.init_from, model_config, tokenizer)
-  mesh = sharding.make_mesh(dict(config.mesh))
-  optimizer = optim.make(config, settings.updates_per_batch)
-  state = state_lib.create(model_config, optimizer, mesh, seed=config.seed, params=params)
+  model_config, mesh, optimizer, state = state_lib.start(config, tokenizer, updates_per_step=settings.updates_per_batch)
 
   pool = prompt_pool(settings, 'train', tokenizer, seed=config.seed)
   with sharding.activate(mesh):  # rollouts and their KV cache split over the mesh's batch devices

@@ -29,7 +29,6 @@ from luckystar.data import conversations
 from luckystar.data import pipeline
 from luckystar.data.examples import SPLITS
 from luckystar.evals import core as evals_core
-from luckystar.model import sharding
 from luckystar.train import loop
 from luckystar.train import optim
 from luckystar.train import state as state_lib
@@ -206,12 +205,8 @@ def run(config, workdir: str) -> None:
   if loop.is_finished(config, workdir):
     loop.finish_without_training(config, workdir)
     return
-  model_config, params = state_lib.initial_model(config.init_from)
   tokenizer = tokenizer_lib.default() if config.sft.data != 'synthetic' else None
-  state_lib.check_vocab(config.init_from, model_config, tokenizer)
-  mesh = sharding.make_mesh(dict(config.mesh))
-  optimizer = optim.make(config)
-  state = state_lib.create(model_config, optimizer, mesh, seed=config.seed, params=params)
+  model_config, mesh, optimizer, state = state_lib.start(config, tokenizer)
   loss = functools.partial(loss_fn, model_config=model_config)
   update_fn = step_lib.make_update_fn(
       loss, optimizer, step_lib.state_shardings_of(state), mesh=mesh,

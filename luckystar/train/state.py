@@ -11,7 +11,7 @@ on one device.
   a luckystar run directory       the params of its latest checkpoint (via `luckystar.load`)
 """
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
@@ -21,6 +21,8 @@ import optax
 import luckystar
 from luckystar import config as config_lib
 from luckystar import model
+from luckystar.model import sharding
+from luckystar.train import optim
 
 RANDOM_INIT_PREFIX = 'random:'
 
@@ -98,3 +100,21 @@ def create(model_config: model.ModelConfig, optimizer: optax.GradientTransformat
 def step_rng(state: TrainState) -> jax.Array:
   """The key of the step `state` is about to take; depends only on the seed and the step number."""
   return jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+
+
+class Start(NamedTuple):
+  model_config: model.ModelConfig
+  mesh: jax.sharding.Mesh
+  optimizer: optax.GradientTransformation
+  state: TrainState
+
+
+def start(config, tokenizer: Any, *, updates_per_step: int = 1) -> Start:
+  """What every training stage builds first: the model of `config.init_from` (its vocabulary checked
+  against `tokenizer`; None for token-only data), the mesh of `config.mesh`, the optimizer
+  (`optim.make`) and the sharded train state holding the initial params."""
+  model_config, params = initial_model(config.init_from)
+  check_vocab(config.init_from, model_config, tokenizer)
+  mesh = sharding.make_mesh(dict(config.mesh))
+  optimizer = optim.make(config, updates_per_step)
+  return Start(model_config, mesh, optimizer, create(model_config, optimizer, mesh, seed=config.seed, params=params))

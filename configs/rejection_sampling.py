@@ -11,8 +11,10 @@ sandbox. Keeps every verified-correct trace, deduplicated; for Korean prompts on
 with a Korean response. Writes rs_traces.jsonl, rs_stats.json and rs_stats.md (pass@1 and pass@8 per
 task and language, kept traces per prompt, drops by the Korean language filter); re-running on the
 same workdir reuses them.
-Expected on 2 CPU cores: TODO(real numbers once the bundled `teacher` ships) — ~N min for
-394 prompts × 8 samples; pass@8 ≈ A on NL2SQL and B on Korean math.
+No `teacher` is bundled (the `small` one takes ~5.5 h of CPU): pass --config.init_from=<teacher run dir>.
+Measured inside configs/pipeline.py (a `tiny` teacher, 400 SFT steps from `tiny-base` on the teacher
+split; 64 prompts per task × 8 samples of ≤ 192 tokens): 2.3 min on 2 CPU cores; pass@8 0% on NL2SQL
+(the tiny teacher does not carry SQL over to the student's unseen databases) and 9.4% on Korean math.
 
 `:smoke` (tests): an untrained `tiny` teacher, 1 prompt per task × 2 samples of ≤ 16 tokens; it
 keeps nothing, but runs every step and writes every file.

@@ -26,6 +26,9 @@ from luckystar import api
 from luckystar.evals import core as evals_core
 from luckystar.interop import hf
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import sweep  # noqa: E402  (experiments/sweep.py)
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 REPORT = ROOT / 'experiments' / 'bundled_models.md'
 CARD_FILE = 'luckystar.json'  # provenance and held-out results, beside the weights
@@ -37,7 +40,7 @@ CHANCE = {'korean_mc': '10% (1 of 10)', 'chat': 'â‰ˆ 0 (free-form)', 'math': 'â‰
 
 
 def train(name: str, workdir: pathlib.Path) -> None:
-  command = [sys.executable, '-m', 'luckystar.main', f'--config={RECIPES[name]}', f'--workdir={workdir}']
+  command = sweep.command(RECIPES[name], workdir)
   print('$', ' '.join(command), flush=True)
   subprocess.run(command, cwd=ROOT, check=True)
 

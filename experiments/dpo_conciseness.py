@@ -20,6 +20,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import sweep  # noqa: E402  (experiments/sweep.py)
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 REPORT = ROOT / 'experiments' / 'dpo_conciseness.md'
 LENGTH_CUT = 0.30        # the claim: concise replies ≥ 30% shorter ...
@@ -28,8 +31,7 @@ MODES = ('concise', 'reasoning')
 
 
 def run(workdir: pathlib.Path, overrides: list[str]) -> float:
-  command = [sys.executable, '-m', 'luckystar.main', '--config=configs/dpo.py', f'--workdir={workdir}',
-             *[f'--config.{o}' for o in overrides]]
+  command = sweep.command('configs/dpo.py', workdir, dict(o.split('=', 1) for o in overrides))
   print('$', ' '.join(command), flush=True)
   start = time.perf_counter()
   subprocess.run(command, cwd=ROOT, check=True)

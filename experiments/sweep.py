@@ -48,9 +48,12 @@ def run_name(point: dict[str, str], seed: int) -> str:
   return ','.join([*(f'{k.split(".")[-1]}={v}' for k, v in point.items()), f'seed={seed}'])
 
 
-def command(config: str, workdir: pathlib.Path, point: dict[str, str], seed: int) -> list[str]:
+def command(config: str, workdir: pathlib.Path, point: dict[str, str] | None = None, seed: int | None = None
+            ) -> list[str]:
+  """The user's command, `python -m luckystar.main --config=C --workdir=W [--config.K=V ...]`, as argv."""
+  seeded = {} if seed is None else {'seed': seed}
   return [sys.executable, '-m', 'luckystar.main', f'--config={config}', f'--workdir={workdir}',
-          *(f'--config.{k}={v}' for k, v in point.items()), f'--config.seed={seed}']
+          *(f'--config.{k}={v}' for k, v in {**(point or {}), **seeded}.items())]
 
 
 def read_metrics(workdir: pathlib.Path) -> list[dict]:

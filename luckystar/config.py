@@ -1,5 +1,6 @@
 """The config keys every stage shares (DESIGN §8); `configs/*.py` start from `base(stage)`."""
 
+import importlib
 import importlib.util
 import pathlib
 
@@ -10,7 +11,40 @@ class UserError(Exception):
   traceback. The message must name the key, file:line or path, and say what to do."""
 
 
-STAGES = ('sft', 'rejection_sampling', 'rlvr', 'dpo', 'quantize', 'export', 'eval', 'pipeline')
+# stage → module with `run(config, workdir)`.
+STAGE_MODULES = {
+    'sft': 'luckystar.train.sft',
+    'rejection_sampling': 'luckystar.train.rejection_sampling',
+    'rlvr': 'luckystar.train.rloo',
+    'dpo': 'luckystar.train.dpo',
+    'quantize': 'luckystar.quant.run',
+    'export': 'luckystar.interop.export',
+    'eval': 'luckystar.evals.run',
+    'pipeline': 'luckystar.reproduce',
+}
+STAGES = tuple(STAGE_MODULES)
+
+
+class StageNotBuiltError(RuntimeError):
+  """A stage the registry names whose module (or its run()) does not exist yet."""
+
+
+def stage_module(stage: str):
+  """The module that runs `stage`; a clear error for unknown or not-yet-built stages."""
+  if stage not in STAGE_MODULES:
+    raise ValueError(f'config.stage={stage!r} is not a stage; expected one of {sorted(STAGE_MODULES)}')
+  name = STAGE_MODULES[stage]
+  try:
+    module = importlib.import_module(name)
+  except ModuleNotFoundError as e:
+    if e.name is None or not name.startswith(e.name):
+      raise  # a missing dependency inside the stage, not a missing stage
+    raise StageNotBuiltError(f'stage {stage!r} is not built yet in this version of luckystar '
+                             f'(its module {name} does not exist); nothing was run') from None
+  if not hasattr(module, 'run'):  # the method's math may land before the stage's driver
+    raise StageNotBuiltError(f'stage {stage!r} is not built yet in this version of luckystar '
+                             f'({name} has no run()); nothing was run')
+  return module
 
 
 def base(stage: str) -> ml_collections.ConfigDict:

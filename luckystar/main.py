@@ -6,7 +6,6 @@ Writes DIR/config.json, then runs the stage named by `config.stage`
 (its module's `run(config, workdir)`).
 """
 
-import importlib
 import pathlib
 import sys
 
@@ -23,51 +22,15 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory; re-running on the same one resumes.')
 flags.mark_flags_as_required(['config', 'workdir'])
 
-# stage → module with `run(config, workdir)`.
-STAGE_MODULES = {
-    'sft': 'luckystar.train.sft',
-    'rejection_sampling': 'luckystar.train.rejection_sampling',
-    'rlvr': 'luckystar.train.rloo',
-    'dpo': 'luckystar.train.dpo',
-    'quantize': 'luckystar.quant.run',
-    'export': 'luckystar.interop.export',
-    'eval': 'luckystar.evals.run',
-    'pipeline': 'luckystar.pipeline',
-}
-assert set(STAGE_MODULES) == set(config_lib.STAGES)
-
-
-class StageNotBuiltError(RuntimeError):
-  pass
-
-
-def stage_module(stage: str):
-  """The module that runs `stage`; a clear error for unknown or not-yet-built stages."""
-  if stage not in STAGE_MODULES:
-    raise ValueError(f'config.stage={stage!r} is not a stage; expected one of {sorted(STAGE_MODULES)}')
-  name = STAGE_MODULES[stage]
-  try:
-    module = importlib.import_module(name)
-  except ModuleNotFoundError as e:
-    if e.name is None or not name.startswith(e.name):
-      raise  # a missing dependency inside the stage, not a missing stage
-    raise StageNotBuiltError(f'stage {stage!r} is not built yet in this version of luckystar '
-                             f'(its module {name} does not exist); nothing was run') from None
-  if not hasattr(module, 'run'):  # the method's math may land before the stage's driver
-    raise StageNotBuiltError(f'stage {stage!r} is not built yet in this version of luckystar '
-                             f'({name} has no run()); nothing was run')
-  return module
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   config = _CONFIG.value
   workdir = pathlib.Path(_WORKDIR.value)
   try:
-    module = stage_module(config.stage)  # the first access also loads the config file
+    module = config_lib.stage_module(config.stage)  # the first access also loads the config file
     distributed.maybe_initialize(config.distributed)  # before any device is touched
-  except (StageNotBuiltError, ValueError, OSError, config_lib.UserError) as e:
+  except (config_lib.StageNotBuiltError, ValueError, OSError, config_lib.UserError) as e:
     raise SystemExit(f'error: {e}') from None
   workdir.mkdir(parents=True, exist_ok=True)
   if jax.process_index() == 0:

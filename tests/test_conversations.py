@@ -1,5 +1,6 @@
 """SFT conversations: gold traces score full reward under our own verifiers, in both modes."""
 
+import numpy as np
 import pytest
 
 from luckystar import tokenizer as tokenizer_lib
@@ -49,6 +50,11 @@ def test_korean_thinking_for_the_table1_ablation(tok):
   example = next(e for e in suites.load('math', 'train') if e.language == 'ko')
   assistant = conversations.messages(example, 'reasoning', thinking_language='ko')[-1]
   assert assistant['thinking'] == example.thinking_ko != example.thinking
+  english = next(e for e in suites.load('math', 'train') if e.language == 'en')
+  assert conversations.messages(english, 'reasoning', thinking_language='ko')[-1]['thinking'] == english.thinking
+  sources, _ = conversations.sft_sources(tok, reasoning_tasks=('math',), concise_tasks=(), thinking_language='ko')
+  korean_trace = conversations.render_example(tok, example, 'reasoning', thinking_language='ko')['tokens']
+  assert any(np.array_equal(s['tokens'], korean_trace) for s in sources['reasoning'])
 
 
 def test_sft_sources_follow_the_hybrid_mixture(tok):

@@ -33,13 +33,13 @@ def test_unknown_nested_config_key_is_named(tmp_path):
 
 def test_a_stage_not_built_yet_says_so_and_runs_nothing(tmp_path, monkeypatch):
   """A stage whose module is missing (or has no run()) stops with a clear message, never pretends."""
-  monkeypatch.setitem(main_lib.STAGE_MODULES, 'dpo', 'luckystar.train.no_such_stage')
-  with pytest.raises(main_lib.StageNotBuiltError, match="stage 'dpo' is not built yet"):
-    main_lib.stage_module('dpo')
-  monkeypatch.setitem(main_lib.STAGE_MODULES, 'dpo', 'luckystar.train.rollouts')   # a module without run()
-  with pytest.raises(main_lib.StageNotBuiltError, match='has no run'):
-    main_lib.stage_module('dpo')
-  assert hasattr(main_lib.stage_module('rlvr'), 'run')
+  monkeypatch.setitem(config_lib.STAGE_MODULES, 'dpo', 'luckystar.train.no_such_stage')
+  with pytest.raises(config_lib.StageNotBuiltError, match="stage 'dpo' is not built yet"):
+    config_lib.stage_module('dpo')
+  monkeypatch.setitem(config_lib.STAGE_MODULES, 'dpo', 'luckystar.train.rollouts')   # a module without run()
+  with pytest.raises(config_lib.StageNotBuiltError, match='has no run'):
+    config_lib.stage_module('dpo')
+  assert hasattr(config_lib.stage_module('rlvr'), 'run')
 
 
 def test_config_json_and_overrides_reach_the_stage(tmp_path):

@@ -1,8 +1,8 @@
 """Examples → chat conversations for SFT, in either mode (DESIGN §4, §5 hybrid SFT).
 
 Reasoning mode: an English step-by-step thinking section, then the response in the
-prompt's language (or, with `thinking_language='ko'`, the Korean trace: the paper's
-Table 1 ablation). Concise mode: the response only. Function calling answers with an
+prompt's language (or, with `thinking_language='ko'`, Korean prompts think in the Korean trace:
+the paper's Table 1 ablation). Concise mode: the response only. Function calling answers with an
 action; NL2SQL with an action, the sandbox's tool result, then a response.
 """
 
@@ -37,7 +37,7 @@ def _action(example: Example) -> str:
 
 
 def _thinking(example: Example, thinking_language: str) -> str:
-  if thinking_language == 'ko' and example.thinking_ko:
+  if thinking_language == 'ko' and example.language == 'ko' and example.thinking_ko:
     return example.thinking_ko
   if example.thinking:
     return example.thinking
@@ -85,15 +85,17 @@ def render_example(tokenizer: Tokenizer, example: Example, mode: str, *, thinkin
 
 def sft_sources(tokenizer: Tokenizer, *, seed: int = 0, split: str = 'train',
                 reasoning_tasks: Sequence[str] = REASONING_TASKS, concise_tasks: Sequence[str] = CONCISE_TASKS,
-                extra_reasoning: Sequence[dict] = ()) -> tuple[dict[str, list], dict[str, float]]:
+                extra_reasoning: Sequence[dict] = (), thinking_language: str = 'en'
+                ) -> tuple[dict[str, list], dict[str, float]]:
   """The hybrid SFT mixture: ({'reasoning': [...], 'concise': [...]}, DEFAULT_WEIGHTS); each element is
-  `render_example`'s dict. `extra_reasoning` adds pre-rendered conversations (rejection-sampled traces)."""
+  `render_example`'s dict. `extra_reasoning` adds pre-rendered conversations (rejection-sampled traces);
+  `thinking_language='ko'` gives Korean prompts their Korean trace (Table 1's ablation)."""
   from luckystar.data import suites  # suites build databases; only needed here
   sources = {'reasoning': list(extra_reasoning), 'concise': []}
   for mode, tasks in (('reasoning', reasoning_tasks), ('concise', concise_tasks)):
     for task in tasks:
       for example in suites.load(task, split, seed=seed):
-        sources[mode].append(render_example(tokenizer, example, mode))
+        sources[mode].append(render_example(tokenizer, example, mode, thinking_language=thinking_language))
   return sources, dict(DEFAULT_WEIGHTS)
 
 

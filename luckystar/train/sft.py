@@ -121,10 +121,13 @@ def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vo
     raw = synthetic_sources(config.seed, split, vocab_size=vocab_size)
     weights = {name: 1.0 for name in raw}
   elif config.sft.data == 'conversations':
+    if (thinking := config.sft.get('thinking_language', 'en')) not in ('en', 'ko'):
+      raise config_lib.UserError(f'config.sft.thinking_language={thinking!r}; expected "en" or "ko"')
     rs_traces = config.sft.get('rs_traces', '')
     extra = (conversations.read_rs_traces(rs_traces, vocab_size=tokenizer.vocab_size)
              if rs_traces and split == 'train' else ())  # RS prompts are train prompts: never in eval
-    raw, weights = conversations.sft_sources(tokenizer, seed=config.seed, split=split, extra_reasoning=extra)
+    raw, weights = conversations.sft_sources(tokenizer, seed=config.seed, split=split, extra_reasoning=extra,
+                                             thinking_language=thinking)
   elif config.sft.data == 'teacher':  # the teacher split; held-out eval on the same tasks
     raw, weights = (conversations.teacher_sources(tokenizer, seed=config.seed) if split == 'train' else
                     conversations.sft_sources(tokenizer, seed=config.seed, split=split,

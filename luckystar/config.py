@@ -47,6 +47,11 @@ def stage_module(stage: str):
   return module
 
 
+def save(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> None:
+  """workdir/config.json: the config a stage runs with (main and the pipeline write it from process 0)."""
+  (pathlib.Path(workdir) / 'config.json').write_text(config.to_json_best_effort(indent=2) + '\n')
+
+
 def base(stage: str) -> ml_collections.ConfigDict:
   """Shared keys with defaults; the stage's own settings go in `config.<stage>`."""
   if stage not in STAGES:

@@ -34,7 +34,7 @@ def main(argv):
     raise SystemExit(f'error: {e}') from None
   workdir.mkdir(parents=True, exist_ok=True)
   if jax.process_index() == 0:
-    (workdir / 'config.json').write_text(config.to_json_best_effort(indent=2) + '\n')
+    config_lib.save(config, workdir)
   try:
     module.run(config, str(workdir))
   except (FileNotFoundError, config_lib.UserError) as e:  # a bad init_from, checkpoint or data file

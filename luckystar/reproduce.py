@@ -38,29 +38,24 @@ DPO_LENGTH_CUT = 30.0   # % shorter concise replies that count as the paper's ef
 # ---- running the stages ----------------------------------------------------------------------------
 
 
-def resolve(stage_config: ml_collections.ConfigDict, workdir: pathlib.Path, seed: int) -> ml_collections.ConfigDict:
-  """A copy of `stage_config` with every '@<stage>[/path]' string made a path under `workdir`."""
-  def walk(node):
-    for key, value in node.items():
-      if isinstance(value, ml_collections.ConfigDict):
-        walk(value)
-      elif isinstance(value, str) and value.startswith(REFERENCE):
-        node[key] = str(workdir / value[len(REFERENCE):])
-  resolved = ml_collections.ConfigDict(stage_config.to_dict())
-  walk(resolved)
-  resolved.seed = seed
-  return resolved
-
-
-def _references(node) -> list[tuple[str, str]]:
-  """(dotted key, value) of every '@...' string in a stage config."""
+def _references(node, prefix: str = '') -> list[tuple[ml_collections.ConfigDict, str, str]]:
+  """(the ConfigDict that holds it, its key there, its dotted key) of every '@...' string in a stage config."""
   found = []
   for key, value in node.items():
     if isinstance(value, ml_collections.ConfigDict):
-      found += [(f'{key}.{k}', v) for k, v in _references(value)]
+      found += _references(value, f'{prefix}{key}.')
     elif isinstance(value, str) and value.startswith(REFERENCE):
-      found.append((key, value))
+      found.append((node, key, prefix + key))
   return found
+
+
+def resolve(stage_config: ml_collections.ConfigDict, workdir: pathlib.Path, seed: int) -> ml_collections.ConfigDict:
+  """A copy of `stage_config` with every '@<stage>[/path]' string made a path under `workdir`."""
+  resolved = ml_collections.ConfigDict(stage_config.to_dict())
+  for node, key, _ in _references(resolved):
+    node[key] = str(workdir / node[key][len(REFERENCE):])
+  resolved.seed = seed
+  return resolved
 
 
 def check_order(config) -> None:
@@ -70,9 +65,10 @@ def check_order(config) -> None:
     raise config_lib.UserError(f'config.pipeline.order names {unknown}, which config.pipeline.stages does not '
                                f'define; stages are {sorted(stages)}')
   for position, name in enumerate(order):
-    for key, value in _references(stages[name]):
+    for node, key, dotted in _references(stages[name]):
+      value = node[key]
       if (source := value[len(REFERENCE):].split('/')[0]) not in order[:position]:
-        raise config_lib.UserError(f'config.pipeline.stages.{name}.{key}={value!r} reads stage {source!r}, which '
+        raise config_lib.UserError(f'config.pipeline.stages.{name}.{dotted}={value!r} reads stage {source!r}, which '
                                    f'does not run before it in config.pipeline.order={order}')
 
 
@@ -90,7 +86,7 @@ def run_stage(name: str, stage_config: ml_collections.ConfigDict, stage_dir: pat
   stage_dir.mkdir(parents=True, exist_ok=True)
   start = time.perf_counter()
   if jax.process_index() == 0:
-    (stage_dir / 'config.json').write_text(stage_config.to_json_best_effort(indent=2) + '\n')
+    config_lib.save(stage_config, stage_dir)
   module.run(stage_config, str(stage_dir))
   wall_s = time.perf_counter() - start
   if jax.process_index() == 0:

@@ -40,6 +40,10 @@ def test_a_stage_must_run_after_the_stages_it_reads():
   with pytest.raises(config_lib.UserError, match=r"names \['dpo'\]"):
     reproduce.check_order(_pipeline(('teacher', 'dpo'), teacher=_stage()))
   reproduce.check_order(_pipeline(('teacher', 'rejection_sampling'), teacher=_stage(), rejection_sampling=rs))
+  sft = _stage()
+  sft.sft.rs_traces = '@rejection_sampling/rs_traces.jsonl'   # a nested key is named by its dotted path
+  with pytest.raises(config_lib.UserError, match=r"stages.sft.sft.rs_traces='@rejection_sampling/rs_traces.jsonl'"):
+    reproduce.check_order(_pipeline(('sft', 'rejection_sampling'), sft=sft, rejection_sampling=rs))
 
 
 def test_a_finished_stage_is_skipped_and_one_with_a_changed_config_is_an_error(tmp_path, monkeypatch):

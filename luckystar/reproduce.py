@@ -322,22 +322,14 @@ def plot_table2(workdir: pathlib.Path) -> pathlib.Path | None:
           for label, name in (('penalty 1.0', 'rlvr'), ('penalty 0', 'rlvr_no_penalty'))}
   if not all(runs.values()):
     return None
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(5, 3.2), dpi=100)
+  fig, ax = metrics_lib.pyplot().subplots(figsize=(5, 3.2), dpi=100)
   for label, points in runs.items():
     steps, values = zip(*points)
     ax.plot(steps, [100 * v for v in values], marker='.', label=label)
   ax.set(title='Korean→English mismatch during RLVR (train batches)', xlabel='step', ylabel='%')
   ax.grid(alpha=0.3)
   ax.legend()
-  fig.tight_layout()
-  path = workdir / metrics_lib.PLOTS_DIR / 'table2_language_mismatch.png'
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path)
-  plt.close(fig)
-  return path
+  return metrics_lib.save_figure(fig, workdir / metrics_lib.PLOTS_DIR / 'table2_language_mismatch.png')
 
 
 def write(workdir: pathlib.Path, results: dict[str, Any]) -> None:

@@ -362,13 +362,9 @@ def report_markdown(results: dict[str, Any]) -> str:
 
 def plot(workdir: pathlib.Path, results: dict[str, Any]) -> list[pathlib.Path]:
   """Bar charts: accuracy, response length and language mismatch per suite and mode; pass@k."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-
+  plt = metrics_lib.pyplot()
   suites, modes = results['suites'], results['settings']['modes']
   out_dir = workdir / metrics_lib.PLOTS_DIR
-  out_dir.mkdir(parents=True, exist_ok=True)
   charts = [('accuracy', 'accuracy (%)', 100), ('response_length', 'generated tokens per reply', 1),
             ('language_mismatch', 'Korean→English mismatch (%)', 100)]
   written = []
@@ -383,11 +379,7 @@ def plot(workdir: pathlib.Path, results: dict[str, Any]) -> list[pathlib.Path]:
     ax.set(ylabel=label, title=f'{results["init_from"]}: {label}')
     ax.legend()
     ax.grid(axis='y', alpha=0.3)
-    fig.tight_layout()
-    path = out_dir / f'{key}.png'
-    fig.savefig(path)
-    plt.close(fig)
-    written.append(path)
+    written.append(metrics_lib.save_figure(fig, out_dir / f'{key}.png'))
   pass_names = [n for n in names if 'pass_at_k_problems' in suites[n].get('reasoning', {})]
   if pass_names:
     ks = results['settings']['pass_k']
@@ -399,11 +391,7 @@ def plot(workdir: pathlib.Path, results: dict[str, Any]) -> list[pathlib.Path]:
     ax.set_xticks(np.arange(len(pass_names)) + width * (len(ks) - 1) / 2, pass_names)
     ax.set(ylabel='%', title=f'{results["init_from"]}: pass@k (reasoning, sampled)')
     ax.legend()
-    fig.tight_layout()
-    path = out_dir / 'pass_at_k.png'
-    fig.savefig(path)
-    plt.close(fig)
-    written.append(path)
+    written.append(metrics_lib.save_figure(fig, out_dir / 'pass_at_k.png'))
   return written
 
 

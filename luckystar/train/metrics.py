@@ -68,21 +68,35 @@ class Writer:
       self._tensorboard.close()
 
 
+def pyplot():
+  """matplotlib's pyplot on the file-only Agg backend (no display on a CPU box or a pod host), imported
+  on first use so runs that never plot never load matplotlib."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
+
+
+def save_figure(fig, path: pathlib.Path) -> pathlib.Path:
+  """Lays out, writes (creating the folder) and closes one figure."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.tight_layout()
+  fig.savefig(path)
+  pyplot().close(fig)
+  return path
+
+
 def plot(workdir: str | pathlib.Path) -> list[pathlib.Path]:
   """One PNG per metric of metrics.jsonl, `workdir/plots/<name with / as _>.png`."""
   if not _is_writer():
     return []
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = pyplot()
 
   series: dict[str, list[tuple[int, float]]] = {}
   for row in read(workdir):
     for name, value in row.items():
       if name != 'step' and isinstance(value, (int, float)) and math.isfinite(value):
         series.setdefault(name, []).append((row['step'], value))
-  out_dir = pathlib.Path(workdir) / PLOTS_DIR
-  out_dir.mkdir(parents=True, exist_ok=True)
   written = []
   for name, points in sorted(series.items()):
     steps, values = zip(*points)
@@ -90,9 +104,5 @@ def plot(workdir: str | pathlib.Path) -> list[pathlib.Path]:
     ax.plot(steps, values, marker='.' if len(points) < 50 else None)
     ax.set(title=name, xlabel='step')
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = out_dir / (name.replace('/', '_') + '.png')
-    fig.savefig(path)
-    plt.close(fig)
-    written.append(path)
+    written.append(save_figure(fig, pathlib.Path(workdir) / PLOTS_DIR / (name.replace('/', '_') + '.png')))
   return written

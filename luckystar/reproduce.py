@@ -115,10 +115,6 @@ def run(config, workdir: str) -> None:
 # ---- reading the stages' outputs ---------------------------------------------------------------------
 
 
-def _rows(stage_dir: pathlib.Path) -> list[dict[str, Any]]:
-  return metrics_lib.read(stage_dir) if (stage_dir / metrics_lib.METRICS_FILE).is_file() else []
-
-
 def _eval_ends(rows: list[dict[str, Any]], key: str) -> tuple[float, float]:
   """(first, last) logged value of `key` (NaN where never logged)."""
   values = [row[key] for row in rows if key in row]
@@ -171,7 +167,8 @@ def _table1(workdir, have) -> dict[str, Any] | None:
 def _table2(workdir, have) -> dict[str, Any] | None:
   if not have('rlvr', 'rlvr_no_penalty'):
     return None
-  runs = {'penalty 1.0 (`rlvr`)': _rows(workdir / 'rlvr'), 'penalty 0 (`rlvr_no_penalty`)': _rows(workdir / 'rlvr_no_penalty')}
+  runs = {f'penalty {label} (`{name}`)': metrics_lib.read(workdir / name)
+          for label, name in (('1.0', 'rlvr'), ('0', 'rlvr_no_penalty'))}
   rows = []
   for label, metric_rows in runs.items():
     train = [v for _, v in _series(metric_rows, 'train/language_mismatch')]
@@ -194,7 +191,7 @@ def _cold_start(workdir, have) -> dict[str, Any] | None:
     return None
   rows = []
   for name in ('nl2sql_from_base', 'nl2sql_from_sft'):
-    metric_rows = _rows(workdir / name)
+    metric_rows = metrics_lib.read(workdir / name)
     start, end = _eval_ends(metric_rows, 'eval/correctness')
     rows.append([f'`{name}`', 100 * _mean(v for _, v in _series(metric_rows, 'train/zero_variance_groups')),
                  100 * _mean(v for _, v in _series(metric_rows, 'train/correctness')), 100 * start, 100 * end])
@@ -219,7 +216,7 @@ def _cold_start(workdir, have) -> dict[str, Any] | None:
 def _dpo(workdir, have) -> dict[str, Any] | None:
   if not have('dpo'):
     return None
-  metric_rows = _rows(workdir / 'dpo')
+  metric_rows = metrics_lib.read(workdir / 'dpo')
   rows = [[key.split('/')[1] + ' ' + key.split('/')[2].replace('_', ' ')] +
           [(100 if 'correctness' in key else 1) * v for v in _eval_ends(metric_rows, key)]
           for key in ('eval/concise/response_length', 'eval/concise/correctness', 'eval/reasoning/response_length',
@@ -264,7 +261,7 @@ def _tables34(workdir, have) -> list[dict[str, Any]]:
                              f'points (preserved: ≥ −2)'))
   if have('eval_final', 'eval_int4'):
     diffs = [abs(r[4] - r[3]) for r in rows if math.isfinite(r[3]) and math.isfinite(r[4])]
-    quant = [row for row in _rows(workdir / 'quantize') if 'quant/linear_bytes_ratio' in row]
+    quant = [row for row in metrics_lib.read(workdir / 'quantize') if 'quant/linear_bytes_ratio' in row]
     ratio = quant[-1]['quant/linear_bytes_ratio'] if quant else math.nan
     findings.append(_finding('int4 vs full precision', 'int4 weights (single-GPU serving) keep the scores.',
                              [[r[0], r[1], r[3], r[4]] for r in rows], ['suite', 'mode', 'final %', 'final int4 %'],
@@ -281,7 +278,7 @@ def report(workdir: pathlib.Path, order: tuple[str, ...], wall: dict[str, float]
                           _dpo(workdir, have)) if f] + _tables34(workdir, have)
   main_job = None
   if have('rlvr'):
-    rows = _rows(workdir / 'rlvr')
+    rows = metrics_lib.read(workdir / 'rlvr')
     main_job = {key: _eval_ends(rows, key) for key in ('eval/correctness', 'eval/language_mismatch')}
   return {'stages': list(order), 'wall_s': wall, 'total_wall_s': sum(wall.values()), 'rlvr': main_job,
           'findings': findings}
@@ -318,7 +315,7 @@ def report_markdown(results: dict[str, Any]) -> str:
 
 def plot_table2(workdir: pathlib.Path) -> pathlib.Path | None:
   """Train-batch Korean→English mismatch over RLVR steps, with and without the penalty."""
-  runs = {label: _series(_rows(workdir / name), 'train/language_mismatch')
+  runs = {label: _series(metrics_lib.read(workdir / name), 'train/language_mismatch')
           for label, name in (('penalty 1.0', 'rlvr'), ('penalty 0', 'rlvr_no_penalty'))}
   if not all(runs.values()):
     return None

@@ -34,7 +34,7 @@ REPORT = ROOT / 'experiments' / 'bundled_models.md'
 CARD_FILE = 'luckystar.json'  # provenance and held-out results, beside the weights
 RECIPES = {'tiny-base': 'configs/sft.py:base', 'tiny-sft': 'configs/sft.py', 'tiny-rlvr': 'configs/rlvr.py'}
 # ≥ 100 held-out prompts per language across the tasks that answer in text (acceptance of the SFT issue).
-EVAL = evals_core.Settings(per_task_language=64, max_new_tokens=192, batch_size=64)
+EVAL = evals_core.Settings(per_task_language=100, max_new_tokens=192, batch_size=64)
 CHANCE = {'korean_mc': '10% (1 of 10)', 'chat': '≈ 0 (free-form)', 'math': '≈ 0', 'nl2sql': '≈ 0',
           'function_calling': '≈ 0'}
 
@@ -129,7 +129,7 @@ def main() -> None:
   REPORT.write_text(
       f'# Bundled models: held-out correctness (%)\n\nWritten by `python experiments/bundled_models.py`. Greedy, '
       f'held-out split, the first {EVAL.per_task_language} prompts per task and language (seed {EVAL.seed}), '
-      f'up to {EVAL.max_new_tokens} new tokens, the SQL tool loop on for NL2SQL.\n\n' + report())
+      f'up to {EVAL.max_new_tokens} new tokens, the tool loop on (SQL for NL2SQL, the calculator everywhere).\n\n' + report())
   print(REPORT.read_text())
 
 

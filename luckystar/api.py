@@ -60,9 +60,10 @@ class Model:
                ) -> 'Generation | list[Generation]':
     """Chat replies through the chat template: a str gives one Generation, a list gives a list.
 
-    mode: 'reasoning' or 'concise' (the system preamble). temperature 0 is greedy. tools: None (an
-    action ends the reply), a tool_fn(prompt_index, action_text) -> result text or None, or SQLite
-    database path(s), one for all prompts or one per prompt, to run `execute_sql` actions on.
+    mode: 'reasoning' or 'concise' (the system preamble). temperature 0 is greedy. tools: None (the
+    `calculator` only; any other action ends the reply), SQLite database path(s), one for all prompts
+    or one per prompt, to run `execute_sql` actions on as well, or your own
+    tool_fn(prompt_index, action_text) -> result text or None.
     max_new_tokens bounds each reply, tool turns included.
     """
     if self.tokenizer is None:
@@ -120,20 +121,22 @@ class Model:
     else:  # the final turn's ids: after the last spliced (mask 0) token
       generated = np.flatnonzero(rollout.loss_mask == 0)
       text = self.tokenizer.decode(rollout.token_ids[generated[-1] + 1 if generated.size else 0:])
-    return Generation(text=text, thinking=turn.thinking, response=turn.response, actions=rollout.actions,
+    return Generation(text=text, thinking=rollout.thinking, response=turn.response, actions=rollout.actions,
                       finished=rollout.finished, overlong=rollout.overlong, rollout=rollout)
 
 
-def _tool_fn(tools: Tools, num_prompts: int) -> sampling.ToolFn | None:
-  if tools is None or callable(tools):
+def _tool_fn(tools: Tools, num_prompts: int) -> sampling.ToolFn:
+  if callable(tools):
     return tools
+  if tools is None:
+    return sampling.agent_tools([None] * num_prompts)
   if isinstance(tools, (str, os.PathLike)):
-    return sampling.sql_tool_fn([os.fspath(tools)] * num_prompts)
+    return sampling.agent_tools([os.fspath(tools)] * num_prompts)
   paths = [None if p is None else os.fspath(p) for p in tools]
   if len(paths) != num_prompts:
     raise ValueError(f'tools has {len(paths)} database paths for {num_prompts} prompts; give one per prompt '
                      f'or a single path for all')
-  return sampling.sql_tool_fn(paths)
+  return sampling.agent_tools(paths)
 
 
 def _dir_tokenizer(path: pathlib.Path) -> tokenizer_lib.Tokenizer | None:

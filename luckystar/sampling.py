@@ -35,7 +35,8 @@ from luckystar import model as model_lib
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.model.cohere2 import constrain
 from luckystar.rewards import function_call
-from luckystar.tools import SQL_TOOL
+from luckystar.tools import CALCULATOR_TOOL, SQL_TOOL
+from luckystar.tools import calculator
 from luckystar.tools import sql as sql_tool
 
 Array = jax.Array
@@ -271,7 +272,9 @@ class Rollout:
   arrays are 0 where the mask is 0. stop_reason: 'end_of_turn' (the assistant closed its turn),
   'action' (stopped at END_ACTION and tool_fn returned None: the action is the answer),
   'tool_limit' (an action after max_tool_turns tool calls; the tool was not run) or 'overlong'
-  (the budget ran out first). finished = stop_reason != 'overlong'.
+  (the budget ran out first). finished = stop_reason != 'overlong'. thinking: the thinking sections
+  of all its assistant turns, joined by a newline (None if none): an agent thinks in the turn that
+  calls its tool, so the final turn alone may have none.
   """
   token_ids: np.ndarray             # [L] int32
   loss_mask: np.ndarray             # [L] int32
@@ -280,6 +283,7 @@ class Rollout:
   actions: list[str]                # the action texts, in order
   final_turn: tokenizer_lib.AssistantTurn   # the last assistant turn, parsed
   stop_reason: str
+  thinking: str | None = None
 
   @property
   def finished(self) -> bool:
@@ -298,6 +302,7 @@ class _Row:
   logprobs: list[float] = dataclasses.field(default_factory=list)
   untruncated: list[float] = dataclasses.field(default_factory=list)
   actions: list[str] = dataclasses.field(default_factory=list)
+  thinking: list[str] = dataclasses.field(default_factory=list)   # of the turns before the current one
   turn_start: int = 0     # where the current assistant turn starts in ids
   stop_reason: str | None = None
 
@@ -341,7 +346,8 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
       elif row.ids[-1] == tokenizer.end_of_turn_id:
         row.stop_reason = 'end_of_turn'
       else:  # stopped at END_ACTION
-        row.actions.append(tokenizer.parse_assistant(row.ids[row.turn_start:]).action or '')
+        turn = tokenizer.parse_assistant(row.ids[row.turn_start:])
+        row.actions.append(turn.action or '')
         if round_index == max_tool_turns:
           row.stop_reason = 'tool_limit'
           continue
@@ -357,36 +363,53 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
         row.mask += [0] * len(splice)
         row.logprobs += [0.0] * len(splice)
         row.untruncated += [0.0] * len(splice)
+        row.thinking += [turn.thinking] if turn.thinking is not None else []
         row.turn_start = len(row.ids)
         if row.stop_reason is None:
           resuming.append(i)
     active = resuming
-  return [Rollout(token_ids=np.array(r.ids, np.int32), loss_mask=np.array(r.mask, np.int32),
-                  logprobs=np.array(r.logprobs, np.float32), untruncated_logprobs=np.array(r.untruncated, np.float32),
-                  actions=r.actions, final_turn=tokenizer.parse_assistant(r.ids[r.turn_start:]),
-                  stop_reason=r.stop_reason or 'overlong') for r in rows]
+  results = []
+  for r in rows:
+    final_turn = tokenizer.parse_assistant(r.ids[r.turn_start:])
+    thinking = r.thinking + ([final_turn.thinking] if final_turn.thinking is not None else [])
+    results.append(Rollout(
+        token_ids=np.array(r.ids, np.int32), loss_mask=np.array(r.mask, np.int32),
+        logprobs=np.array(r.logprobs, np.float32), untruncated_logprobs=np.array(r.untruncated, np.float32),
+        actions=r.actions, final_turn=final_turn, stop_reason=r.stop_reason or 'overlong',
+        thinking='\n'.join(thinking) if thinking else None))
+  return results
 
 
-def sql_tool_fn(db_paths: Sequence[str | None], *, timeout_s: float = 2.0, max_chars: int = 2_000) -> ToolFn:
-  """A tool_fn that runs `execute_sql` actions of row i against db_paths[i] in the SQL sandbox.
+def agent_tools(db_paths: Sequence[str | None], *, timeout_s: float = 2.0, max_chars: int = 2_000) -> ToolFn:
+  """The tool_fn of task rollouts: `calculator` for every row, and `execute_sql` actions of row i run
+  against db_paths[i] in the SQL sandbox.
 
-  The action must be one call `{"tool_name": "execute_sql", "parameters": {"query": ...}}` or a
-  list of them (results joined by a blank line). Anything else (another tool, a format error, a
-  row without a database) returns None: there is no tool to run, and the reward judges the action.
+  The action must be one call `{"tool_name": ..., "parameters": {...}}` or a list of them (results
+  joined by a blank line). Anything else (another tool, a format error, SQL on a row without a
+  database) returns None: there is no tool to run, and the reward judges the action. A call with bad
+  parameters gets an `ERROR: ...` result, as a failing query does, so the agent can retry.
   """
   def run(row: int, action_text: str) -> str | None:
     calls = function_call.parse_calls(action_text)
     db_path = db_paths[row]
-    if calls is None or db_path is None or any(call['tool_name'] != SQL_TOOL for call in calls):
+    if calls is None or any(call['tool_name'] not in (SQL_TOOL, CALCULATOR_TOOL) or
+                            (call['tool_name'] == SQL_TOOL and db_path is None) for call in calls):
       return None
-    results = []
-    for call in calls:
-      query = call['parameters'].get('query')
-      if not isinstance(query, str):
-        results.append(f'ERROR: {SQL_TOOL} needs one string parameter "query", got '
-                       f'{json.dumps(call["parameters"], ensure_ascii=False)[:200]}')
-      else:
-        results.append(sql_tool.format_result(sql_tool.execute(db_path, query, timeout_s=timeout_s), max_chars))
-    return '\n\n'.join(results)
+    return '\n\n'.join(_run_call(call, db_path, timeout_s, max_chars) for call in calls)
 
   return run
+
+
+_TOOL_PARAMETER = {SQL_TOOL: 'query', CALCULATOR_TOOL: 'expression'}
+
+
+def _run_call(call: dict, db_path: str | None, timeout_s: float, max_chars: int) -> str:
+  name = call['tool_name']
+  argument = call['parameters'].get(_TOOL_PARAMETER[name])
+  if not isinstance(argument, str):
+    return (f'ERROR: {name} needs one string parameter "{_TOOL_PARAMETER[name]}", got '
+            f'{json.dumps(call["parameters"], ensure_ascii=False)[:200]}')
+  if name == SQL_TOOL:
+    return sql_tool.format_result(sql_tool.execute(db_path, argument, timeout_s=timeout_s), max_chars)
+  result = calculator.evaluate(argument)
+  return calculator.format_value(result.value) if result.ok else f'ERROR: {result.error}'

@@ -54,11 +54,10 @@ def test_the_eval_set_is_fixed_and_balanced():
 
 def test_hybrid_format_wants_english_thinking_and_the_prompts_language():
   from luckystar.rewards import reward
-  from luckystar.tokenizer import AssistantTurn
 
   def ok(thinking, response, mismatch=False):
     verdict = reward.Verdict(correct=True, format_ok=True, language_mismatch=mismatch, reward=1.0, judged=False)
-    return core.hybrid_format_ok(AssistantTurn(thinking=thinking, response=response), verdict)
+    return core.hybrid_format_ok(thinking, response, verdict)
 
   assert ok('Add 3 and 4 to get 7.', '정답은 7입니다.')
   assert ok('Add 3 and 4 to get 7.', '7')                         # a bare number is readable in any language
@@ -79,5 +78,4 @@ def test_every_gold_korean_mc_trace_meets_the_hybrid_format():
   for example in suites.load('korean_mc', 'heldout')[:40]:
     turn = conversations.messages(example, 'reasoning')[-1]
     verdict = reward.score(example, AssistantTurn(thinking=turn['thinking'], response=turn['response']), [])
-    assert verdict.correct and core.hybrid_format_ok(AssistantTurn(**{k: turn[k] for k in ('thinking', 'response')}),
-                                                     verdict), turn
+    assert verdict.correct and core.hybrid_format_ok(turn['thinking'], turn['response'], verdict), turn

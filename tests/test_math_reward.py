@@ -42,6 +42,12 @@ def verifier():
     ('The answer is \\boxed{5}. Check: 5+1=6', '5', True),
     ('-5', '-5', True),
     ('정답은 -3입니다', '-3', True),
+    ('정답은 327/4입니다.', '327/4', True),      # a fraction glued to Korean is the whole fraction
+    ('The answer is 404/5.', '404/5', True),    # the sentence's period is not a decimal point
+    ('The answer is 3.5.', '7/2', True),
+    ('정답은 80.8입니다.', '404/5', True),
+    ('정답은 327입니다.', '327/4', False),
+    ('The answer is 404/5.', '404/6', False),
     ('50%', '0.5', True),
     ('50\\%', '50\\%', True),
     ('$\\frac{\\sqrt{2}}{2}$', '\\frac{\\sqrt{2}}{2}', True),

@@ -87,7 +87,7 @@ def _nl2sql_rollout(tok, example, first_thinking):
       token_ids=continuation.astype(np.int32), loss_mask=generated.astype(np.int32),
       logprobs=np.zeros(len(continuation), np.float32), untruncated_logprobs=np.zeros(len(continuation), np.float32),
       actions=[messages[-3]['action']], final_turn=tok.parse_assistant(continuation[final_start + 1:]),
-      stop_reason='end_of_turn')
+      stop_reason='end_of_turn', thinking=first_thinking)
   return prompt, rollout, ids, mask
 
 
@@ -96,12 +96,10 @@ def test_nl2sql_thinking_is_read_from_the_first_turn_and_the_trace_renders_like_
   for thinking, decision in (('I will count the rows with SQL, then answer.', 'kept'),
                              ('SQL로 행을 센 다음 답하겠습니다.', 'thinking_not_english')):
     prompt, rollout, ids, mask = _nl2sql_rollout(tok, example, thinking)
-    turns = rs.assistant_turns(tok, rollout)
-    assert [t.thinking for t in turns] == [thinking, None] and turns[-1] == rollout.final_turn
     verdict = reward.score(example, rollout.final_turn, rollout.actions)
     assert verdict.correct, verdict
     scored = rollouts.Scored(example, rollout, verdict)
-    assert rs.trace_decisions(example.language, [rs.candidate(tok, scored)]) == [decision]
+    assert rs.trace_decisions(example.language, [rs.candidate(scored)]) == [decision]
     tokens, loss_mask = rs.trace_features(tok, prompt, rollout)
     assert tokens == ids and loss_mask == mask   # exactly what SFT renders for the same conversation
 
@@ -207,7 +205,8 @@ def _scripted_rollout_fn(tok, examples):
           untruncated_logprobs=np.zeros(len(ids), np.float32),
           actions=[m['action'] for m in messages if m.get('action')],
           final_turn=tokenizer.parse_assistant(ids[final_start:]),
-          stop_reason='overlong' if script == 'unfinished' else 'end_of_turn'))
+          stop_reason='overlong' if script == 'unfinished' else 'end_of_turn',
+          thinking='\n'.join(m['thinking'] for m in messages if m.get('thinking')) or None))
     return results
   return rollout
 

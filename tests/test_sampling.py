@@ -289,6 +289,7 @@ def test_rollout_equals_the_rendered_conversation(rollouts):
   mask[closing_eot] = 0
   np.testing.assert_array_equal(first.loss_mask, mask[len(prompt):])
   assert first.actions == ['{"q": 1}'] and first.final_turn.response == 'done' and first.final_turn.ended
+  assert first.thinking == 'look up' and first.final_turn.thinking is None  # thought in the turn that called
   assert first.stop_reason == 'end_of_turn' and first.finished and not first.overlong
   assert (0, '{"q": 1}') in calls
 
@@ -297,6 +298,7 @@ def test_rollout_rows_finish_independently(rollouts):
   out, calls = rollouts
   assert [r.stop_reason for r in out] == ['end_of_turn', 'end_of_turn', 'action', 'tool_limit', 'overlong']
   assert out[1].final_turn.response == 'hi' and out[1].actions == [] and out[1].loss_mask.all()
+  assert out[1].thinking == out[1].final_turn.thinking
   assert out[2].actions == ['{"final": 1}'] and out[2].final_turn.action == '{"final": 1}' and out[2].loss_mask.all()
   assert out[2].token_ids[-1] == END_ACT
   assert out[4].overlong and not out[4].finished and len(out[4].token_ids) == 80 and out[4].loss_mask.all()
@@ -346,13 +348,13 @@ def test_overlong_when_a_tool_result_leaves_no_room():
   assert out.overlong and len(out.token_ids) == 20 and out.actions == ['{"again": 1}']
 
 
-def test_sql_tool_fn_runs_execute_sql_only(tmp_path):
+def test_agent_tools_run_sql_on_the_rows_database_and_the_calculator_everywhere(tmp_path):
   import sqlite3
   db = tmp_path / 'shop.sqlite'
   with sqlite3.connect(db) as conn:
     conn.execute('CREATE TABLE items (name TEXT, price INT)')
     conn.executemany('INSERT INTO items VALUES (?, ?)', [('pen', 3), ('book', 12)])
-  tool_fn = sampling.sql_tool_fn([str(db), None], timeout_s=5.0)
+  tool_fn = sampling.agent_tools([str(db), None], timeout_s=5.0)
   query = '{"tool_name": "execute_sql", "parameters": {"query": "SELECT name FROM items WHERE price > 5"}}'
   assert tool_fn(0, query) == 'name\nbook\n(1 rows)'
   assert tool_fn(0, query.replace('SELECT', 'DELETE FROM items --')).startswith('ERROR: not allowed')
@@ -360,3 +362,9 @@ def test_sql_tool_fn_runs_execute_sql_only(tmp_path):
   assert tool_fn(0, '{"tool_name": "math.factorial", "parameters": {"number": 5}}') is None
   assert tool_fn(0, 'not json') is None
   assert tool_fn(1, query) is None   # a row without a database
+  calculate = '{"tool_name": "calculator", "parameters": {"expression": "(71 + 85 + 91) / 3"}}'
+  assert tool_fn(0, calculate) == tool_fn(1, calculate) == '247/3'
+  assert tool_fn(1, f'[{calculate}, {calculate}]') == '247/3\n\n247/3'
+  assert tool_fn(1, calculate.replace('(71', "__import__('os').getcwd() + (71")).startswith('ERROR: only numbers')
+  assert tool_fn(1, '{"tool_name": "calculator", "parameters": {"expr": "1"}}').startswith('ERROR: calculator needs')
+  assert tool_fn(1, f'[{calculate}, {query}]') is None  # SQL has no database on this row: nothing runs

@@ -3,7 +3,8 @@
 Reasoning mode: an English step-by-step thinking section, then the response in the
 prompt's language (or, with `thinking_language='ko'`, Korean prompts think in the Korean trace:
 the paper's Table 1 ablation). Concise mode: the response only. Function calling answers with an
-action; NL2SQL with an action, the sandbox's tool result, then a response.
+action; NL2SQL with an action, the sandbox's tool result, then a response; reasoning-mode math the
+same way with the calculator.
 """
 
 import json
@@ -17,6 +18,7 @@ from luckystar.config import UserError
 from luckystar.data.examples import Example, split_of
 from luckystar.rewards import function_call
 from luckystar.tokenizer import Tokenizer
+from luckystar.tools import calculator
 from luckystar.tools import sql as sql_tool
 
 # SFT mixture defaults: 80% reasoning-mode conversations, 20% concise (paper §2.1).
@@ -57,7 +59,10 @@ def prompt(example: Example) -> list[dict]:
 
 def messages(example: Example, mode: str, *, thinking_language: str = 'en', db_path: str | None = None
              ) -> list[dict]:
-  """The conversation an SFT example teaches. NL2SQL needs `db_path` to run its gold query."""
+  """The conversation an SFT example teaches. NL2SQL needs `db_path` to run its gold query.
+
+  Function calling answers with its action. NL2SQL, and math in reasoning mode (a trace with an
+  `expression`), call their tool, see its result and answer from it; concise math answers directly."""
   conversation = prompt(example)
   thinking = {'thinking': _thinking(example, thinking_language)} if mode == 'reasoning' else {}
   if example.task == 'function_calling':
@@ -66,14 +71,26 @@ def messages(example: Example, mode: str, *, thinking_language: str = 'en', db_p
     result = sql_tool.execute(db_path or example.meta['db_path'], example.answer)
     if not result.ok:
       raise ValueError(f'example {example.id}: gold SQL fails: {result.error}')
-    action = json.dumps({'tool_name': tools.SQL_TOOL, 'parameters': {'query': example.answer}}, ensure_ascii=False)
     first_cell = result.rows[0][0] if result.rows and result.rows[0] else None
     response = (f'결과는 {first_cell}입니다.' if example.language == 'ko' else f'The result is {first_cell}.')
-    return conversation + [{'role': 'assistant', **thinking, 'action': action},
-                           {'role': 'tool', 'content': sql_tool.format_result(result)},
-                           {'role': 'assistant', 'response': response}]
+    return conversation + _tool_round_trip(thinking, tools.SQL_TOOL, {'query': example.answer},
+                                           sql_tool.format_result(result), response)
   response = example.response or example.answer
+  if example.task == 'math' and mode == 'reasoning' and example.meta.get('expression'):
+    result = calculator.evaluate(example.meta['expression'])
+    if not result.ok or calculator.format_value(result.value) != example.answer:
+      raise ValueError(f'example {example.id}: its expression {example.meta["expression"]!r} does not give the '
+                       f'answer {example.answer!r} ({result.error or calculator.format_value(result.value)})')
+    return conversation + _tool_round_trip(thinking, tools.CALCULATOR_TOOL, {'expression': example.meta['expression']},
+                                           example.answer, response)
   return conversation + [{'role': 'assistant', **thinking, 'response': response}]
+
+
+def _tool_round_trip(thinking: dict, tool_name: str, parameters: dict, result: str, response: str) -> list[dict]:
+  """An assistant turn that calls one tool, the tool's result, and the answer turn after it."""
+  action = json.dumps({'tool_name': tool_name, 'parameters': parameters}, ensure_ascii=False)
+  return [{'role': 'assistant', **thinking, 'action': action}, {'role': 'tool', 'content': result},
+          {'role': 'assistant', 'response': response}]
 
 
 def render_example(tokenizer: Tokenizer, example: Example, mode: str, *, thinking_language: str = 'en',

@@ -1,7 +1,7 @@
 """Held-out correctness per task and language, in both modes (DESIGN §8 `eval/*` metrics).
 
 Greedy decoding (or `Settings.samples` draws per prompt at `Settings.temperature`, whose mean
-correctness is pass@1 at that temperature), the tool loop on (NL2SQL runs its SQL in the sandbox), scored by
+correctness is pass@1 at that temperature), the tool loop on (NL2SQL runs its SQL in the sandbox, math may call the calculator), scored by
 `rewards.reward.score`. Metric names, for mode m in (reasoning, concise):
 
     eval/<m>/correctness, eval/<m>/correctness/<task>, eval/<m>/correctness/<language>,
@@ -13,8 +13,8 @@ and the reasoning-mode headline figures again as eval/correctness, eval/language
 eval/response_length (plus eval/correctness/<task>, eval/correctness/<language>).
 `language_mismatch` is the paper's Table 2 figure: among Korean prompts with a parsable
 response, the fraction whose response is not Korean. `hybrid_format` is the reasoning mode's
-contract (paper §2.2): among prompts answered in one text turn (HYBRID_TASKS), the fraction with an
-English thinking section and then a non-empty response in the prompt's language.
+contract (paper §2.2): among prompts answered in text (HYBRID_TASKS), the fraction with an English
+thinking section and then a non-empty response in the prompt's language.
 """
 
 import collections
@@ -33,7 +33,7 @@ from luckystar.tokenizer import Tokenizer
 
 MODES = ('reasoning', 'concise')
 TASKS = ('math', 'nl2sql', 'function_calling', 'korean_mc', 'chat')
-HYBRID_TASKS = ('math', 'korean_mc', 'chat')  # answered by one turn: thinking, then response
+HYBRID_TASKS = ('math', 'korean_mc', 'chat')  # answered in text: thinking, (math: the calculator,) response
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +68,8 @@ def select(settings: Settings) -> list[Example]:
 
 
 def _tool_fn(examples: Sequence[Example]):
-  """Rows of NL2SQL examples run their SQL in the sandbox; other rows have no tool (the call is the answer)."""
-  return sampling.sql_tool_fn([e.meta.get('db_path') if e.task == 'nl2sql' else None for e in examples])
+  """Every row has the calculator; NL2SQL rows run their SQL in the sandbox; any other call is the answer."""
+  return sampling.agent_tools([e.meta.get('db_path') if e.task == 'nl2sql' else None for e in examples])
 
 
 def run_examples(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, examples: Sequence[Example],
@@ -109,14 +109,14 @@ def summarize(results: Sequence[tuple[Example, Any, reward.Verdict]], mode: str)
   metrics.update({f'{prefix}/correctness/{key}': mean(values) for key, values in sorted(groups.items())})
   metrics[f'{prefix}/language_mismatch'] = korean_mismatch_rate(results)
   metrics[f'{prefix}/response_length'] = mean(int(np.sum(r.loss_mask)) for _, r, _ in results)
-  metrics[f'{prefix}/thinking_rate'] = mean(r.final_turn.thinking is not None for _, r, _ in results)
+  metrics[f'{prefix}/thinking_rate'] = mean(r.thinking is not None for _, r, _ in results)
   metrics[f'{prefix}/format_ok'] = mean(v.format_ok for _, _, v in results)
   metrics[f'{prefix}/unscorable'] = float(len(results) - len(scored))
   if mode == 'reasoning':
     hybrid = collections.defaultdict(list)
     for example, rollout, verdict in results:
       if example.task in HYBRID_TASKS:
-        hybrid[example.language].append(hybrid_format_ok(rollout.final_turn, verdict))
+        hybrid[example.language].append(hybrid_format_ok(rollout.thinking, rollout.final_turn.response, verdict))
     metrics[f'{prefix}/hybrid_format'] = mean(ok for values in hybrid.values() for ok in values)
     metrics.update({f'{prefix}/hybrid_format/{lang}': mean(values) for lang, values in sorted(hybrid.items())})
   return metrics
@@ -129,10 +129,11 @@ def korean_mismatch_rate(results: Sequence[tuple[Example, Any, reward.Verdict]])
                if reward.prompt_language(e.prompt) == 'ko' and language.detect(r.final_turn.response or '')])
 
 
-def hybrid_format_ok(turn: Any, verdict: reward.Verdict) -> bool:
-  """English thinking (`language.thinking_language`: quoted material aside), then a non-empty response in
-  the prompt's language (a bare number counts)."""
-  return (language.thinking_language(turn.thinking) == 'en' and bool((turn.response or '').strip())
+def hybrid_format_ok(thinking: str | None, response: str | None, verdict: reward.Verdict) -> bool:
+  """English thinking (`language.thinking_language`: quoted material aside; a rollout's `thinking`
+  joins every turn's, as a tool call may come between), then a non-empty response in the prompt's
+  language (a bare number counts)."""
+  return (language.thinking_language(thinking) == 'en' and bool((response or '').strip())
           and not verdict.language_mismatch)
 
 

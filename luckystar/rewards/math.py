@@ -45,7 +45,8 @@ LaTeX, plain numbers and arithmetic (`-3`, `0.5`, `1/2`, `2^10`), thousands
 separators (`1,234`, `1 234`), percentages (`50%` equals 0.5), assignments
 (`x = 3` scores as 3), and English anchors (`The final answer is 7`, `Answer:
 7`). Korean answer markers (`정답은`, `답:`, `최종 답은` ...) are rewritten to
-`answer:` first, so `정답은 5입니다. 검산: 5+1=6` scores as 5. Without any
+`answer:` first, so `정답은 5입니다. 검산: 5+1=6` scores as 5; fractions end sentences in either
+language (`정답은 327/4입니다.`, `The answer is 404/5.`). Without any
 anchor, the last number or LaTeX expression in the text is the answer. LaTeX
 in a prediction needs delimiters: a bare `2\\pi` reads as the number 2.
 
@@ -83,6 +84,10 @@ _FRAME_HEADER = struct.Struct('>I')   # payload length, then UTF-8 JSON
 _TERMINATE_GRACE_S = 0.5
 _LATEX_DELIMITERS = ('$', '\\boxed', '\\(', '\\[')
 _KOREAN_ANSWER_MARKER = re.compile(r'(?:최종\s*)?정?답\s*(?:은|는|:|：)')
+# math-verify reads '327/4입니다' as 327 and the sentence-final '404/5.' as 404/5.0 (then unequal to
+# 404/5): a space goes between a number and the Hangul after it, and a period that ends a number goes.
+_NUMBER_THEN_HANGUL = re.compile(r'(\d)(?=[가-힣])')
+_PERIOD_AFTER_NUMBER = re.compile(r'(\d)\.(?!\d)')
 
 logger = logging.getLogger(__name__)
 
@@ -352,6 +357,7 @@ def _verify(math_verify, extraction_config, prediction: str, gold: str) -> bool 
   if all(isinstance(item, str) for item in gold_parsed):   # empty, or only the raw-text fallback
     return None
   prediction = _KOREAN_ANSWER_MARKER.sub('answer: ', prediction)
+  prediction = _PERIOD_AFTER_NUMBER.sub(r'\1', _NUMBER_THEN_HANGUL.sub(r'\1 ', prediction))
   prediction_parsed = math_verify.parse(prediction, extraction_config, parsing_timeout=None)
   if not prediction_parsed:
     return False

@@ -46,7 +46,7 @@ from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import suites
 from luckystar.data.examples import TASKS, Example, rs_only
 from luckystar.rewards import language
-from luckystar.tokenizer import AssistantTurn, Tokenizer
+from luckystar.tokenizer import Tokenizer
 from luckystar.train import rollouts
 from luckystar.train import state as state_lib
 
@@ -117,25 +117,11 @@ def trace_decisions(prompt_language: str, candidates: Sequence[Candidate]) -> li
   return decisions
 
 
-def assistant_turns(tokenizer: Tokenizer, rollout: sampling.Rollout) -> list[AssistantTurn]:
-  """Every assistant turn of a rollout, parsed: each maximal run of generated tokens (loss_mask 1) is
-  one turn's body; the spliced tool round trips (mask 0) separate them."""
-  turns, start = [], None
-  for i, generated in enumerate([*rollout.loss_mask.tolist(), 0]):
-    if generated and start is None:
-      start = i
-    elif not generated and start is not None:
-      turns.append(tokenizer.parse_assistant(rollout.token_ids[start:i]))
-      start = None
-  return turns
-
-
-def candidate(tokenizer: Tokenizer, scored: rollouts.Scored) -> Candidate:
-  """A scored rollout → Candidate. NL2SQL thinks in its first turn (before the SQL call), so the
-  thinking of every turn counts, not only the final one's."""
-  thinking = [turn.thinking for turn in assistant_turns(tokenizer, scored.rollout) if turn.thinking is not None]
+def candidate(scored: rollouts.Scored) -> Candidate:
+  """A scored rollout → Candidate. An agent thinks in the turn that calls its tool, so the thinking of
+  every turn counts (`Rollout.thinking`), not only the final one's."""
   return Candidate(token_ids=tuple(scored.rollout.token_ids.tolist()),
-                   thinking='\n'.join(thinking) if thinking else None, response=scored.rollout.final_turn.response,
+                   thinking=scored.rollout.thinking, response=scored.rollout.final_turn.response,
                    correct=scored.verdict.correct, ended=scored.rollout.stop_reason == 'end_of_turn')
 
 
@@ -285,7 +271,7 @@ def run(config, workdir: str) -> None:
         sampling_settings=config.sampling, max_tool_turns=settings.max_tool_turns,
         max_tool_result_tokens=settings.max_tool_result_tokens, language_penalty=0.0, drop_overlong=False)
     for example, prompt_ids, group in zip(batch, prompts, groups):
-      decisions = trace_decisions(example.language, [candidate(tokenizer, scored) for scored in group])
+      decisions = trace_decisions(example.language, [candidate(scored) for scored in group])
       results.append(PromptResult(example.task, example.language, tuple(s.verdict.correct for s in group),
                                   tuple(decisions)))
       for index, (scored, decision) in enumerate(zip(group, decisions)):

@@ -1,7 +1,8 @@
 """Sampled, scored rollouts of task prompts: what RLVR trains on and rejection sampling filters.
 
-One place renders a task prompt for generation, runs the policy with the SQL tool loop (NL2SQL rows
-execute their SQL in the sandbox), and scores each rollout with the task's verifier.
+One place renders a task prompt for generation, runs the policy with the tool loop (NL2SQL rows
+execute their SQL in the sandbox; every row has the calculator), and scores each rollout with the
+task's verifier.
 """
 
 import dataclasses
@@ -47,7 +48,7 @@ def generate_and_score(model_config: model.ModelConfig, params: Any, tokenizer: 
   db_paths = [examples[i].meta.get('db_path') if examples[i].task == 'nl2sql' else None for i in rows]
   results = sampling.rollout(
       model_config, params, tokenizer, [prompts[i] for i in rows], rng=rng,
-      max_new_tokens=sampling_settings.max_new_tokens, tool_fn=sampling.sql_tool_fn(db_paths),
+      max_new_tokens=sampling_settings.max_new_tokens, tool_fn=sampling.agent_tools(db_paths),
       max_tool_turns=max_tool_turns, max_tool_result_tokens=max_tool_result_tokens,
       temperature=sampling_settings.temperature, top_k=sampling_settings.top_k, top_p=sampling_settings.top_p)
   groups = [[] for _ in examples]

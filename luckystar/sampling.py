@@ -274,7 +274,9 @@ class Rollout:
   'tool_limit' (an action after max_tool_turns tool calls; the tool was not run) or 'overlong'
   (the budget ran out first). finished = stop_reason != 'overlong'. thinking: the thinking sections
   of all its assistant turns, joined by a newline (None if none): an agent thinks in the turn that
-  calls its tool, so the final turn alone may have none.
+  calls its tool, so the final turn alone may have none. tool_results: the text of each spliced tool
+  result as the model read it (after the max_tool_result_tokens cut), in order; the language check
+  reads words the response copies from them as data (`rewards.language`).
   """
   token_ids: np.ndarray             # [L] int32
   loss_mask: np.ndarray             # [L] int32
@@ -284,6 +286,7 @@ class Rollout:
   final_turn: tokenizer_lib.AssistantTurn   # the last assistant turn, parsed
   stop_reason: str
   thinking: str | None = None
+  tool_results: list[str] = dataclasses.field(default_factory=list)
 
   @property
   def finished(self) -> bool:
@@ -303,6 +306,7 @@ class _Row:
   untruncated: list[float] = dataclasses.field(default_factory=list)
   actions: list[str] = dataclasses.field(default_factory=list)
   thinking: list[str] = dataclasses.field(default_factory=list)   # of the turns before the current one
+  tool_results: list[str] = dataclasses.field(default_factory=list)
   turn_start: int = 0     # where the current assistant turn starts in ids
   stop_reason: str | None = None
 
@@ -355,7 +359,9 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
         if result is None:
           row.stop_reason = 'action'
           continue
-        splice = tool_turn_ids(tokenizer, tokenizer.encode(result)[:max_tool_result_tokens])
+        result_ids = tokenizer.encode(result)[:max_tool_result_tokens]
+        row.tool_results.append(tokenizer.decode(result_ids))
+        splice = tool_turn_ids(tokenizer, result_ids)
         if len(row.ids) + len(splice) >= max_new_tokens:  # no room left to answer
           splice = splice[:max_new_tokens - len(row.ids)]
           row.stop_reason = 'overlong'
@@ -376,7 +382,7 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
         token_ids=np.array(r.ids, np.int32), loss_mask=np.array(r.mask, np.int32),
         logprobs=np.array(r.logprobs, np.float32), untruncated_logprobs=np.array(r.untruncated, np.float32),
         actions=r.actions, final_turn=final_turn, stop_reason=r.stop_reason or 'overlong',
-        thinking='\n'.join(thinking) if thinking else None))
+        thinking='\n'.join(thinking) if thinking else None, tool_results=r.tool_results))
   return results
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations, korean_mc, suites
-from luckystar.rewards import reward
+from luckystar.rewards import language, reward
 
 TASKS = ('math', 'function_calling', 'korean_mc', 'chat', 'nl2sql')
 
@@ -16,12 +16,20 @@ def tok():
 
 
 def _rollout(tok, example, mode):
-  """Render the gold conversation, then read it back the way a rollout is read."""
-  ids, mask = tok.render(conversations.messages(example, mode), mode)
+  """Render the gold conversation, then read it back the way a rollout is read: (assistant turns,
+  actions, tool results, ids, loss mask)."""
+  messages = conversations.messages(example, mode)
+  ids, mask = tok.render(messages, mode)
   assistant = tok.special_ids['<|ASSISTANT|>']
   starts = [i for i, t in enumerate(ids) if t == assistant]
   turns = [tok.parse_assistant(ids[s + 1:]) for s in starts]
-  return turns, [t.action for t in turns if t.action is not None], ids, mask
+  tool_results = [m['content'] for m in messages if m['role'] == 'tool']
+  return turns, [t.action for t in turns if t.action is not None], tool_results, ids, mask
+
+
+def _verdict(tok, example, mode):
+  turns, actions, tool_results, _, _ = _rollout(tok, example, mode)
+  return reward.score(example, turns[-1], actions, tool_results=tool_results)
 
 
 @pytest.mark.parametrize('task', TASKS)
@@ -32,13 +40,24 @@ def test_gold_conversations_earn_full_reward(tok, task, mode, tmp_path_factory):
   examples = examples[::len(examples) // 40] if task == 'math' else examples[:40:3]
   assert examples
   for example in examples:
-    turns, actions, ids, mask = _rollout(tok, example, mode)
+    turns, _, _, _, mask = _rollout(tok, example, mode)
     assert (turns[0].thinking is not None) == (mode == 'reasoning'), example.id
     # Reasoning-mode math, like NL2SQL, calls its tool first and answers in the turn after the result.
     assert len(turns) == (2 if task == 'nl2sql' or (task, mode) == ('math', 'reasoning') else 1), example.id
-    verdict = reward.score(example, turns[-1], actions)
+    verdict = _verdict(tok, example, mode)
     assert verdict.correct and verdict.reward == 1.0, (example.id, mode, turns, verdict)
     assert sum(mask) > 0
+
+
+def test_english_nl2sql_answers_may_quote_korean_values(tok):
+  """"The result is 사무용 의자." names a product the tool returned: English, full reward. Every
+  English NL2SQL example of the split, since ~10% of their answers quote a Korean value."""
+  examples = [e for e in suites.load('nl2sql', 'train') if e.language == 'en']
+  quoting = [e for e in examples if language.detect(_rollout(tok, e, 'concise')[0][-1].response) != 'en']
+  assert len(quoting) >= 10
+  for example in examples:
+    verdict = _verdict(tok, example, 'concise')
+    assert verdict.reward == 1.0 and not verdict.language_mismatch, (example.id, verdict)
 
 
 def test_tool_results_are_not_trained_on(tok):

@@ -230,6 +230,19 @@ def test_mismatch_semantics():
     language.mismatch('korean', english)
 
 
+def test_words_copied_from_a_tool_result_are_data():
+  result = 'product_name | units\n사무용 의자 | 12\n(1 rows)'
+  english = 'The result is 사무용 의자.'
+  assert language.mismatch('en', english)                    # without the result: two of five words Korean
+  assert not language.mismatch('en', english, data=[result])  # the product's name read off the table
+  assert language.detect(english, data=[result]) == 'en'
+  assert language.mismatch('en', '결과는 사무용 의자입니다.', data=[result])  # Korean grammar around the name
+  assert not language.mismatch('ko', '결과는 사무용 의자입니다.', data=[result])
+  assert language.mismatch('ko', english, data=[result])      # an English answer to a Korean prompt still is
+  assert not language.mismatch('ko', '사무용 의자', data=[result])  # only copied words: readable in either
+  assert language.mismatch('en', '사무용 책상.', data=[result])   # a value that is not in the result counts
+
+
 def test_mixed_response_asks_the_judge():
   mixed = '김민수 and 이영희 have the highest total, 북쪽 지점'
   assert language.detect(mixed) is None

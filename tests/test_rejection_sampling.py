@@ -66,6 +66,14 @@ def test_korean_prompts_keep_english_thinking_with_a_korean_response_once():
       'unscorable', 'unfinished', 'kept']
 
 
+def test_a_korean_response_may_list_the_english_values_its_tool_returned():
+  listing = 'Wireless Mouse, Office Chair, USB Cable입니다.'
+  result = 'product\nWireless Mouse\nOffice Chair\nUSB Cable\n(3 rows)'
+  assert rs.trace_decisions('ko', [rs.Candidate((1,), EN_THINKING, listing, True, True),
+                                   rs.Candidate((2,), EN_THINKING, listing, True, True, (result,))]) == [
+      'response_not_korean', 'kept']
+
+
 def test_english_prompts_have_no_language_filter_but_are_deduplicated():
   candidates = [_candidate([1], thinking=KO_THINKING, response=EN_RESPONSE), _candidate([2], response=EN_RESPONSE),
                 _candidate([2], response=EN_RESPONSE), _candidate([3], correct=False)]
@@ -87,7 +95,7 @@ def _nl2sql_rollout(tok, example, first_thinking):
       token_ids=continuation.astype(np.int32), loss_mask=generated.astype(np.int32),
       logprobs=np.zeros(len(continuation), np.float32), untruncated_logprobs=np.zeros(len(continuation), np.float32),
       actions=[messages[-3]['action']], final_turn=tok.parse_assistant(continuation[final_start + 1:]),
-      stop_reason='end_of_turn', thinking=first_thinking)
+      stop_reason='end_of_turn', thinking=first_thinking, tool_results=[messages[-2]['content']])
   return prompt, rollout, ids, mask
 
 
@@ -96,9 +104,10 @@ def test_nl2sql_thinking_is_read_from_the_first_turn_and_the_trace_renders_like_
   for thinking, decision in (('I will count the rows with SQL, then answer.', 'kept'),
                              ('SQL로 행을 센 다음 답하겠습니다.', 'thinking_not_english')):
     prompt, rollout, ids, mask = _nl2sql_rollout(tok, example, thinking)
-    verdict = reward.score(example, rollout.final_turn, rollout.actions)
+    verdict = reward.score(example, rollout.final_turn, rollout.actions, tool_results=rollout.tool_results)
     assert verdict.correct, verdict
     scored = rollouts.Scored(example, rollout, verdict)
+    assert rs.candidate(scored).tool_results == tuple(rollout.tool_results)
     assert rs.trace_decisions(example.language, [rs.candidate(scored)]) == [decision]
     tokens, loss_mask = rs.trace_features(tok, prompt, rollout)
     assert tokens == ids and loss_mask == mask   # exactly what SFT renders for the same conversation

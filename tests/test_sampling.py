@@ -314,6 +314,8 @@ def test_tool_turns_are_masked_truncated_and_limited(rollouts):
   masked = [i for i, m in enumerate(mask) if not m]
   assert len(masked) == 2 * len(truncated)
   assert [ids[i] for i in masked] == truncated * 2
+  assert looping.tool_results == [TOKENIZER.decode(enc(LONG_RESULT)[:6])] * 2  # as the model read them
+  assert out[0].tool_results == ['result: 42'] and out[1].tool_results == out[2].tool_results == []
   for r in out:
     assert (r.logprobs[r.loss_mask == 0] == 0).all() and (r.untruncated_logprobs[r.loss_mask == 0] == 0).all()
 

@@ -87,7 +87,8 @@ def run_examples(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, e
         max_tool_result_tokens=settings.max_tool_result_tokens, max_new_tokens=settings.max_new_tokens,
         temperature=settings.temperature, rng=jax.random.fold_in(jax.random.key(settings.seed), start))
     for example, rollout in zip(batch, rollouts):
-      results.append((example, rollout, reward.score(example, rollout.final_turn, rollout.actions)))
+      results.append((example, rollout, reward.score(example, rollout.final_turn, rollout.actions,
+                                                             tool_results=rollout.tool_results)))
   return results
 
 

@@ -113,6 +113,7 @@ class TextReply:
   actions: list[str]
   loss_mask: np.ndarray      # ones, one per token of the reply (its length in our tokenizer)
   overlong: bool = False
+  tool_results: tuple[str, ...] = ()   # no tool loop
 
 
 _SECTIONS = {name: re.compile(re.escape(start) + r'(.*?)(?:' + re.escape(end) + r'|$)', re.DOTALL)
@@ -188,7 +189,7 @@ def suite_examples(name: str, settings: Settings) -> list[Example]:
 def score(suite: str, example: Example, reply) -> reward.Verdict:
   """The task's verifier (rewards.reward.score), or the instruction's rule for instruction following."""
   if suite != 'instruction_following':
-    return reward.score(example, reply.final_turn, reply.actions)
+    return reward.score(example, reply.final_turn, reply.actions, tool_results=reply.tool_results)
   response = reply.final_turn.response
   follows = instruction_following.follows(example, response)
   return reward.Verdict(correct=follows, format_ok=bool((response or '').strip()), language_mismatch=False,

@@ -24,7 +24,11 @@ How a text is read
    - identifiers (snake_case, camelCase, dotted.names, calls(, words with
      digits), ALL-CAPS acronyms and SQL keywords, and single letters other than
      `a`/`I` count 0: they are the same in either language;
-   - a word in another script (Chinese, Cyrillic, ...) counts 1 for neither.
+   - a word in another script (Chinese, Cyrillic, ...) counts 1 for neither;
+   - a word copied verbatim from `data` (the tool results the agent read:
+     database values, column names) counts 0 whatever its script: "The result
+     is 사무용 의자." reads a product's name off the table and is English, while
+     "사무용 의자입니다" wraps it in Korean grammar and stays Korean.
 4. Decide on the Korean share of the weight.
 
 Words, not letters: a Hangul syllable packs 2–3 letters, so the same sentence
@@ -39,7 +43,7 @@ caller may ask an LLM judge (`mismatch(..., judge=...)`).
 
 import re
 import unicodedata
-from typing import Callable
+from typing import Callable, Sequence
 
 KOREAN_SHARE = 0.4     # detect: 'ko' at ≥ 40% of the word weight in Korean words
 ENGLISH_SHARE = 0.75   # detect: 'en' at ≥ 75% in Latin words
@@ -103,10 +107,18 @@ def _latin_weight(word: str) -> float:
   return NAME_WEIGHT if letters[0].isupper() else 1.0
 
 
-def word_weights(text: str) -> tuple[float, float, float]:
-  """(korean, latin, other-script) word weights of `text` after stripping code, SQL, URLs, ..."""
+def _words(text: str) -> list[str]:
+  return _WORD_SPLIT.split(_strip_non_language(text))
+
+
+def word_weights(text: str, data: Sequence[str] = ()) -> tuple[float, float, float]:
+  """(korean, latin, other-script) word weights of `text` after stripping code, SQL, URLs, ...;
+  words found among the words of `data` (tool results) weigh 0."""
+  copied = {word.strip(_PUNCTUATION) for source in data for word in _words(source)} - {''}
   korean = latin = other = 0.0
-  for word in _WORD_SPLIT.split(_strip_non_language(text)):
+  for word in _words(text):
+    if word.strip(_PUNCTUATION) in copied:
+      continue
     if _HANGUL_RE.search(word):
       korean += NAME_WEIGHT if _HANGUL_NAME.fullmatch(word.strip(_PUNCTUATION)) else 1.0
     elif any(ch.isalpha() and not _LATIN_RE.match(ch) for ch in word):
@@ -129,14 +141,15 @@ def _decide(weights: tuple[float, float, float], korean_share: float, english_sh
   return None
 
 
-def detect(text: str | None) -> str | None:
+def detect(text: str | None, *, data: Sequence[str] = ()) -> str | None:
   """'ko', 'en', or None for a text with no words (numbers, SQL, emoji) or a mixed one.
 
   Korean when Korean words are ≥ KOREAN_SHARE of the word weight, English when
   Latin words are ≥ ENGLISH_SHARE (see the module docstring for the weights).
-  Another script (Chinese, Russian, ...) is None too: it is neither.
+  Another script (Chinese, Russian, ...) is None too: it is neither. data: the
+  tool results the text may quote (`Rollout.tool_results`); copied words weigh 0.
   """
-  return _decide(word_weights(text or ''), KOREAN_SHARE, ENGLISH_SHARE, MIN_WEIGHT)
+  return _decide(word_weights(text or '', data), KOREAN_SHARE, ENGLISH_SHARE, MIN_WEIGHT)
 
 
 def thinking_language(text: str | None) -> str | None:
@@ -158,14 +171,15 @@ def classify_prompt(text: str | None) -> str | None:
   return _decide(word_weights(text or ''), PROMPT_KOREAN_SHARE, PROMPT_ENGLISH_SHARE, MIN_PROMPT_WEIGHT)
 
 
-def mismatch(prompt_language: str | None, response: str | None, *,
+def mismatch(prompt_language: str | None, response: str | None, *, data: Sequence[str] = (),
              judge: Callable[..., bool | None] | None = None) -> bool:
   """Whether the response is not in the prompt's language: the language penalty's indicator.
 
   prompt_language: from `classify_prompt` ('ko', 'en' or None). None ⇒ False
   (ambiguous prompts get no penalty). A missing or blank response ⇒ False: the
   format check scores it. A response with no words (a bare number, a table of
-  figures, SQL only) ⇒ False: it is readable in any language.
+  figures, SQL only, or only words copied from `data`, the tool results the
+  agent read) ⇒ False: it is readable in any language.
 
   Otherwise True when the response is detected as the other language, or when
   the prompt's language is nearly absent from it (under ABSENT_SHARE, e.g. a
@@ -184,7 +198,7 @@ def mismatch(prompt_language: str | None, response: str | None, *,
                      f'got {prompt_language!r}')
   if response is None or not response.strip():
     return False
-  weights = word_weights(response)
+  weights = word_weights(response, data)
   korean, latin, other = weights
   total = korean + latin + other
   if total < MIN_WEIGHT:

@@ -87,13 +87,15 @@ def is_correct(example: Example, turn: AssistantTurn, actions: Sequence[str] = (
   raise ValueError(f'no verifier for task {example.task!r}')
 
 
-def score(example: Example, turn: AssistantTurn, actions: Sequence[str] = (), *,
+def score(example: Example, turn: AssistantTurn, actions: Sequence[str] = (), *, tool_results: Sequence[str] = (),
           language_penalty: float = DEFAULT_LANGUAGE_PENALTY, db_path: str | None = None, judge=None,
           timeout_s: float = 2.0) -> Verdict:
   """Reward of one finished rollout: `turn` is its final assistant turn, `actions` every action text
-  it emitted, in order. `judge` (see rewards.judge) is asked only where the rules return None."""
+  it emitted, in order, `tool_results` the results it read (`Rollout.tool_results`: values it quotes
+  from them are data to the language check). `judge` (see rewards.judge) is asked only where the rules
+  return None."""
   well_formed = format_ok(example.task, turn, actions)
-  mismatch = language.mismatch(prompt_language(example.prompt), turn.response)
+  mismatch = language.mismatch(prompt_language(example.prompt), turn.response, data=tool_results)
   correct, judged = False, False
   if well_formed:
     correct = is_correct(example, turn, actions, db_path=db_path, timeout_s=timeout_s)

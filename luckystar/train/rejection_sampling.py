@@ -88,6 +88,7 @@ class Candidate:
   response: str | None         # the final turn's response section
   correct: bool | None         # the verifier's verdict (None: it could not score)
   ended: bool                  # the final turn closed with END_OF_TURN (not overlong, not a bare action)
+  tool_results: tuple[str, ...] = ()   # what its tools returned: values the response quotes are data
 
 
 def trace_decisions(prompt_language: str, candidates: Sequence[Candidate]) -> list[str]:
@@ -106,7 +107,7 @@ def trace_decisions(prompt_language: str, candidates: Sequence[Candidate]) -> li
       decision = 'unfinished'
     elif prompt_language == 'ko' and language.thinking_language(candidate.thinking) != 'en':
       decision = 'thinking_not_english'
-    elif prompt_language == 'ko' and language.detect(candidate.response or '') != 'ko':
+    elif prompt_language == 'ko' and language.detect(candidate.response, data=candidate.tool_results) != 'ko':
       decision = 'response_not_korean'
     elif candidate.token_ids in seen:
       decision = 'duplicate'
@@ -122,6 +123,7 @@ def candidate(scored: rollouts.Scored) -> Candidate:
   every turn counts (`Rollout.thinking`), not only the final one's."""
   return Candidate(token_ids=tuple(scored.rollout.token_ids.tolist()),
                    thinking=scored.rollout.thinking, response=scored.rollout.final_turn.response,
+                   tool_results=tuple(scored.rollout.tool_results),
                    correct=scored.verdict.correct, ended=scored.rollout.stop_reason == 'end_of_turn')
 
 

@@ -53,7 +53,8 @@ def generate_and_score(model_config: model.ModelConfig, params: Any, tokenizer: 
       temperature=sampling_settings.temperature, top_k=sampling_settings.top_k, top_p=sampling_settings.top_p)
   groups = [[] for _ in examples]
   for i, rollout in zip(rows, results):
-    verdict = reward_lib.score(examples[i], rollout.final_turn, rollout.actions, language_penalty=language_penalty)
+    verdict = reward_lib.score(examples[i], rollout.final_turn, rollout.actions,
+                               tool_results=rollout.tool_results, language_penalty=language_penalty)
     if rollout.overlong and drop_overlong:
       verdict = dataclasses.replace(verdict, reward=None)
     groups[i].append(Scored(examples[i], rollout, verdict))

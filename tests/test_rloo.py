@@ -196,6 +196,30 @@ def test_eval_set_follows_the_rl_mix_and_is_fixed():
   assert {e.split for e in chosen} == {'heldout'}
 
 
+def test_allocate_hands_a_short_groups_share_to_the_others():
+  assert rloo.allocate(10, {'a': 1, 'b': 1}, {'a': 9, 'b': 9}) == {'a': 5, 'b': 5}
+  assert rloo.allocate(3, {'a': 1, 'b': 1}, {'a': 9, 'b': 9}) == {'a': 2, 'b': 1}   # a tie: the earlier key
+  # 'a' would get 6 of 12 but holds 2: the other 10 go to b and c as 3 : 1 (7.5 : 2.5, the tie to b).
+  assert rloo.allocate(12, {'a': 3, 'b': 2.25, 'c': 0.75}, {'a': 2, 'b': 99, 'c': 99}) == {'a': 2, 'b': 8, 'c': 2}
+  assert rloo.allocate(11, {'a': 3, 'b': 2, 'c': 1}, {'a': 1, 'b': 99, 'c': 99}) == {'a': 1, 'b': 7, 'c': 3}
+  assert rloo.allocate(5, {'a': 1, 'b': 0}, {'a': 9, 'b': 9}) == {'a': 5, 'b': 0}   # weight 0: none
+  assert rloo.allocate(4, {'a': 1, 'b': 1}, {'a': 1, 'b': 3}) == {'a': 1, 'b': 3}   # both full
+
+
+def test_eval_set_keeps_its_size_when_a_group_runs_short():
+  """Chat has 62 held-out prompts: a chat-heavy RL mix still gets `count` prompts, the rest from the
+  other groups in proportion, and more than the split holds is a config error."""
+  from luckystar import config as config_lib
+  from luckystar.data import suites
+  selected = suites.load('chat', 'train')[:90] + suites.load('math', 'train')[:10]
+  heldout = suites.load('chat', 'heldout') + suites.load('math', 'heldout')
+  chosen = rloo.eval_examples(selected, heldout, 200, seed=0)
+  assert len(chosen) == 200 and len(set(chosen)) == 200
+  assert sum(e.task == 'chat' for e in chosen) == len(suites.load('chat', 'heldout'))   # all of chat
+  with pytest.raises(config_lib.UserError, match='config.rlvr.eval_prompts=1000'):
+    rloo.eval_examples(selected, heldout, 1000, seed=0)
+
+
 def test_selection_candidates_per_task_budget():
   from luckystar import config as config_lib
   from luckystar.data import suites

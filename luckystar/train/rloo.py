@@ -299,18 +299,40 @@ def select_prompts(config, workdir: pathlib.Path, model_config: model.ModelConfi
   return [by_id[i] for i in kept]
 
 
+def allocate(count: int, weights: Mapping[Any, float], capacity: Mapping[Any, int]) -> dict[Any, int]:
+  """Integer counts summing to `count`, proportional to `weights` but at most `capacity` each: a group
+  that would get more than it holds gets all of it and the rest is shared out again among the others
+  in proportion (then largest remainder; ties go to the earlier key). Groups of weight 0 get none."""
+  open_keys = [key for key, weight in weights.items() if weight > 0]
+  fixed, quotas = {}, {}
+  while open_keys:
+    left, total = count - sum(fixed.values()), sum(weights[key] for key in open_keys)
+    quotas = {key: left * weights[key] / total for key in open_keys}
+    full = [key for key in open_keys if quotas[key] >= capacity[key]]
+    if not full:
+      break
+    fixed.update({key: capacity[key] for key in full})
+    open_keys = [key for key in open_keys if key not in full]
+    quotas = {}
+  counts = {key: 0 for key in weights} | fixed | {key: int(q) for key, q in quotas.items()}
+  for key in sorted(quotas, key=lambda k: counts[k] - quotas[k])[:count - sum(counts.values())]:
+    counts[key] += 1
+  return counts
+
+
 def eval_examples(selected: Sequence[Example], heldout: Sequence[Example], count: int, seed: int) -> list[Example]:
-  """`count` held-out prompts with the (task, language) mix of `selected` (largest remainder),
-  fixed by `seed`; disjoint from RL and RS prompts, which come from the train split."""
+  """`count` held-out prompts with the (task, language) mix of `selected` (`allocate`: a group with too
+  few held-out prompts gives its share to the others), fixed by `seed`; disjoint from RL and RS prompts,
+  which come from the train split."""
   groups = {}
   for example in heldout:
     groups.setdefault((example.task, example.language), []).append(example)
   mix = {key: sum(1 for e in selected if (e.task, e.language) == key) for key in groups}
-  total = sum(mix.values())
-  quotas = {key: count * n / total for key, n in mix.items()}
-  counts = {key: int(q) for key, q in quotas.items()}
-  for key in sorted(quotas, key=lambda k: counts[k] - quotas[k])[:count - sum(counts.values())]:
-    counts[key] += 1
+  available = sum(len(groups[key]) for key, n in mix.items() if n)
+  if available < count:
+    raise config_lib.UserError(f'config.rlvr.eval_prompts={count}, but the held-out split has only {available} '
+                               'prompts of the selected prompts\' tasks and languages')
+  counts = allocate(count, mix, {key: len(members) for key, members in groups.items()})
   rng = np.random.default_rng([seed, 29])
   chosen = []
   for key in sorted(groups):

@@ -3,6 +3,7 @@
 import math
 
 import jax
+import numpy as np
 
 from luckystar import model, tokenizer as tokenizer_lib
 from luckystar.evals import core
@@ -69,6 +70,29 @@ def test_hybrid_format_wants_english_thinking_and_the_prompts_language():
   quoted = 'The noun "가방" ends in "방", which has final consonant, so the object particle is "을": "우리는 어제 가방을 샀다.". That is option C.'
   assert ok(quoted, '우리는 어제 가방을 샀다. 정답: C')
   assert not ok('명사 "가방"은 받침이 있으므로 "을"을 씁니다.', '정답: C')
+
+
+def test_korean_mismatch_rate_reads_responses_as_the_verdict_does():
+  """A Korean prompt answered only with values copied from the tool has no language: it leaves the
+  denominator, as it leaves the penalty."""
+  from luckystar.data.examples import Example
+  from luckystar.evals import run
+  from luckystar.rewards import reward
+  from luckystar.tokenizer import AssistantTurn
+  example = Example(id='q', task='chat', language='ko', split='heldout', prompt='가장 많이 팔린 제품 두 개는 무엇인가요?',
+                    answer='Wireless Mouse')
+  result = 'product\nWireless Mouse\nOffice Chair\n(2 rows)'
+
+  def reply(response, tool_results):
+    reply = run.TextReply(final_turn=AssistantTurn(response=response, ended=True), actions=[],
+                          loss_mask=np.ones(3), tool_results=tool_results)
+    return example, reply, reward.score(example, reply.final_turn, tool_results=tool_results)
+
+  copied = reply('Wireless Mouse, Office Chair', (result,))
+  english = reply('The best sellers are Wireless Mouse and Office Chair.', (result,))
+  assert not copied[2].language_mismatch and english[2].language_mismatch
+  assert core.korean_mismatch_rate([copied, english]) == 1.0       # 1 of 1 parsable, not 1 of 2
+  assert core.korean_mismatch_rate([reply('Wireless Mouse, Office Chair', ())]) == 1.0   # not from a tool: English
 
 
 def test_every_gold_korean_mc_trace_meets_the_hybrid_format():

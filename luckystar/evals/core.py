@@ -125,9 +125,11 @@ def summarize(results: Sequence[tuple[Example, Any, reward.Verdict]], mode: str)
 
 def korean_mismatch_rate(results: Sequence[tuple[Example, Any, reward.Verdict]]) -> float:
   """The paper's Table 2 figure: among Korean prompts with a parsable response, the fraction whose
-  response is not Korean (NaN when there is none)."""
+  response is not Korean (NaN when there is none). "Parsable" reads the response as the verdict's
+  mismatch did: words copied from the tool results are data."""
   return mean([v.language_mismatch for e, r, v in results
-               if reward.prompt_language(e.prompt) == 'ko' and language.detect(r.final_turn.response or '')])
+               if reward.prompt_language(e.prompt) == 'ko' and language.detect(r.final_turn.response,
+                                                                               data=r.tool_results)])
 
 
 def hybrid_format_ok(thinking: str | None, response: str | None, verdict: reward.Verdict) -> bool:

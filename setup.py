@@ -38,8 +38,8 @@ setuptools.setup(
         'tensorboardX>=2.6',
     ],
     extras_require={
-        'test': ['pytest>=8', 'hypothesis>=6.100', 'nbclient>=0.10', 'nbformat>=5.10', 'ipykernel>=6',
-                 'champ-dataset>=1.0'],   # CHAMP competition math for the eval stage (MIT)
+        'test': ['pytest>=8', 'pytest-xdist>=3.5', 'hypothesis>=6.100', 'nbclient>=0.10', 'nbformat>=5.10',
+                 'ipykernel>=6', 'champ-dataset>=1.0'],   # CHAMP competition math for the eval stage (MIT)
         # torch stays a range that the local CPU wheel torch==2.13.0 satisfies.
         'torch': ['torch>=2.4,<2.15', 'transformers>=5,<6', 'compressed-tensors>=0.20'],
     },

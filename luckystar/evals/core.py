@@ -25,11 +25,12 @@ import jax
 import numpy as np
 
 from luckystar import sampling
-from luckystar.data import conversations, suites
+from luckystar.data import suites
 from luckystar.data.examples import Example
 from luckystar.model import ModelConfig
 from luckystar.rewards import language, reward
 from luckystar.tokenizer import Tokenizer
+from luckystar.train import rollouts as rollouts_lib
 
 MODES = ('reasoning', 'concise')
 TASKS = ('math', 'nl2sql', 'function_calling', 'korean_mc', 'chat')
@@ -67,11 +68,6 @@ def select(settings: Settings) -> list[Example]:
   return chosen
 
 
-def _tool_fn(examples: Sequence[Example]):
-  """Every row has the calculator; NL2SQL rows run their SQL in the sandbox; any other call is the answer."""
-  return sampling.agent_tools([e.meta.get('db_path') if e.task == 'nl2sql' else None for e in examples])
-
-
 def run_examples(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, examples: Sequence[Example],
                  mode: str, settings: Settings) -> list[tuple[Example, Any, reward.Verdict]]:
   """Rollouts of `examples` in `mode` (greedy, or `settings.samples` each at `settings.temperature`),
@@ -81,11 +77,12 @@ def run_examples(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, e
   results = []
   for start in range(0, len(examples), settings.batch_size):
     batch = examples[start:start + settings.batch_size]
-    prompts = [tokenizer.render(conversations.prompt(e), mode, add_generation_prompt=True)[0] for e in batch]
+    prompts = [rollouts_lib.render_prompt(tokenizer, e, mode) for e in batch]
     rollouts = sampling.rollout(
-        model_config, params, tokenizer, prompts, tool_fn=_tool_fn(batch), max_tool_turns=settings.max_tool_turns,
-        max_tool_result_tokens=settings.max_tool_result_tokens, max_new_tokens=settings.max_new_tokens,
-        temperature=settings.temperature, rng=jax.random.fold_in(jax.random.key(settings.seed), start))
+        model_config, params, tokenizer, prompts, tool_fn=rollouts_lib.task_tools(batch),
+        max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
+        max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+        rng=jax.random.fold_in(jax.random.key(settings.seed), start))
     for example, rollout in zip(batch, rollouts):
       results.append((example, rollout, reward.score(example, rollout.final_turn, rollout.actions,
                                                              tool_results=rollout.tool_results)))

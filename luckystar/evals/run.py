@@ -46,6 +46,7 @@ from luckystar.data.examples import Example
 from luckystar.evals import core, instruction_following
 from luckystar.rewards import reward
 from luckystar.train import metrics as metrics_lib
+from luckystar.train import rollouts as rollouts_lib
 from luckystar.train import state as state_lib
 
 SUITES = ('math', 'champ', 'nl2sql', 'bfcl', 'korean_mc', 'chat', 'instruction_following')
@@ -151,9 +152,9 @@ def model_respond(model_config: model_lib.ModelConfig, params: Any, tokenizer: t
     rollouts = []
     for start in range(0, len(examples), settings.batch_size):
       batch = examples[start:start + settings.batch_size]
-      prompts = [tokenizer.render(conversations.prompt(e), mode, add_generation_prompt=True)[0] for e in batch]
+      prompts = [rollouts_lib.render_prompt(tokenizer, e, mode) for e in batch]
       rollouts += sampling.rollout(
-          model_config, params, tokenizer, prompts, tool_fn=core._tool_fn(batch),  # pylint: disable=protected-access
+          model_config, params, tokenizer, prompts, tool_fn=rollouts_lib.task_tools(batch),
           max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
           max_new_tokens=settings.max_new_tokens, temperature=temperature,
           rng=jax.random.fold_in(jax.random.key(seed), start))
@@ -251,8 +252,7 @@ def _first_per_language(examples: Sequence[Example], count: int) -> list[Example
 
 def _short_enough(examples, tokenizer, settings) -> tuple[list[Example], int]:
   """Examples whose prompt (reasoning preamble, the longer one) fits `max_prompt_tokens`; and how many not."""
-  kept = [e for e in examples if len(tokenizer.render(conversations.prompt(e), 'reasoning',
-                                                      add_generation_prompt=True)[0]) <= settings.max_prompt_tokens]
+  kept = [e for e in examples if len(rollouts_lib.render_prompt(tokenizer, e)) <= settings.max_prompt_tokens]
   return kept, len(examples) - len(kept)
 
 

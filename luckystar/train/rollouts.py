@@ -36,6 +36,12 @@ def render_prompt(tokenizer: Tokenizer, example: Example, mode: str = 'reasoning
   return tokenizer.render(conversations.prompt(example), mode, add_generation_prompt=True)[0]
 
 
+def task_tools(examples: Sequence[Example]) -> sampling.ToolFn:
+  """The tool_fn of rollouts of `examples`, row i for examples[i]: every row has the calculator, and an
+  NL2SQL row runs its SQL against its own database in the sandbox (`sampling.agent_tools`)."""
+  return sampling.agent_tools([e.meta.get('db_path') if e.task == 'nl2sql' else None for e in examples])
+
+
 def generate_and_score(model_config: model.ModelConfig, params: Any, tokenizer: Tokenizer, examples: Sequence[Example],
                        prompts: Sequence[Sequence[int]], rng: jax.Array, *, samples_per_prompt: int,
                        sampling_settings: Any, max_tool_turns: int, max_tool_result_tokens: int,
@@ -45,10 +51,9 @@ def generate_and_score(model_config: model.ModelConfig, params: Any, tokenizer: 
   sampling_settings: temperature, top_k, top_p, max_new_tokens (`config.sampling`). With
   `drop_overlong`, an overlong rollout gets reward None (out of RLOO's baseline and loss)."""
   rows = [i for i in range(len(examples)) for _ in range(samples_per_prompt)]
-  db_paths = [examples[i].meta.get('db_path') if examples[i].task == 'nl2sql' else None for i in rows]
   results = sampling.rollout(
       model_config, params, tokenizer, [prompts[i] for i in rows], rng=rng,
-      max_new_tokens=sampling_settings.max_new_tokens, tool_fn=sampling.agent_tools(db_paths),
+      max_new_tokens=sampling_settings.max_new_tokens, tool_fn=task_tools([examples[i] for i in rows]),
       max_tool_turns=max_tool_turns, max_tool_result_tokens=max_tool_result_tokens,
       temperature=sampling_settings.temperature, top_k=sampling_settings.top_k, top_p=sampling_settings.top_p)
   groups = [[] for _ in examples]

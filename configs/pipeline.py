@@ -27,9 +27,10 @@ off (a stage whose config changed since is an error: use a new workdir or delete
 
 Writes workdir/report.md and report.json (every finding with its numbers and whether its direction
 reproduced, stage wall times) and workdir/plots/*.png.
-Measured on 2 CPU cores (seed 0): 66 min 37 s; the report is experiments/paper_reproduction.md (README,
-"Paper reproduction"): the penalty curbs Korean→English drift (4.3% vs 7.7%) and int4 keeps the scores
-(0.7 points); the cold start, Table 1, DPO's length cut and Tables 3/4 do not reproduce at this size.
+Measured on 2 CPU cores (seed 0): 73 min; the report is experiments/paper_reproduction.md (README,
+"Paper reproduction"): English thinking beats Korean thinking (Table 1, by 2 of 64 prompts), the recipe
+beats the base on reasoning-mode math, and int4 keeps the scores (1.8 points); the penalty's effect on
+drift (Table 2), the cold start, DPO's length cut and Table 4 do not reproduce at this size.
 `:smoke` (tests): the chain teacher → rejection_sampling → sft → rlvr → dpo → quantize → eval with a
 few steps and prompts each; DPO starts from a random policy (a barely trained one is never verbose,
 so it would have no pairs).

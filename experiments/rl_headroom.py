@@ -17,6 +17,7 @@ About 4 minutes per model on 2 CPU cores.
 
 import argparse
 import collections
+import dataclasses
 import pathlib
 import sys
 
@@ -26,7 +27,7 @@ import numpy as np
 from luckystar import api
 from luckystar import config as config_lib
 from luckystar.evals import core as evals_core
-from luckystar.train import rloo, rollouts
+from luckystar.train import rloo
 
 REPORT = pathlib.Path(__file__).resolve().parent / 'rl_headroom.md'
 
@@ -43,19 +44,10 @@ def heldout_set(config, workdir: pathlib.Path, start: api.Model) -> list:
 
 def measure(config, model: api.Model, examples: list, samples: int, seed: int) -> dict[str, tuple[bool, float]]:
   """example id → (greedy correct, pass rate over `samples` draws at `config.sampling`)."""
-  settings = config.rlvr
-  greedy = evals_core.run_examples(
-      model.config, model.params, model.tokenizer, examples, 'reasoning',
-      evals_core.Settings(max_new_tokens=config.sampling.max_new_tokens, max_tool_turns=settings.max_tool_turns,
-                          max_tool_result_tokens=settings.max_tool_result_tokens,
-                          batch_size=settings.eval_batch_size, seed=seed))
-  rates, chunk = {}, max(1, settings.selection_batch // samples)
-  for start in range(0, len(examples), chunk):
-    batch = examples[start:start + chunk]
-    groups = rollouts.generate_and_score(
-        model.config, model.params, model.tokenizer, batch, [rollouts.render_prompt(model.tokenizer, e) for e in batch],
-        jax.random.fold_in(jax.random.key(seed), start), samples_per_prompt=samples, **rloo.rollout_options(config))
-    rates.update({e.id: float(np.mean([bool(s.verdict.correct) for s in group])) for e, group in zip(batch, groups)})
+  greedy = evals_core.run_examples(model.config, model.params, model.tokenizer, examples, 'reasoning',
+                                   dataclasses.replace(rloo.eval_settings(config), seed=seed))
+  rates = rloo.pass_rates(config, model.config, model.params, model.tokenizer, examples, samples,
+                          jax.random.key(seed))
   return {example.id: (bool(verdict.correct), rates[example.id]) for example, _, verdict in greedy}
 
 

@@ -252,6 +252,22 @@ def selection_candidates(pool: Sequence[Example], selection_prompts: int | Mappi
   return [pool[i] for i in sorted(chosen)]
 
 
+def pass_rates(config, model_config: model.ModelConfig, params: Any, tokenizer: Tokenizer,
+               examples: Sequence[Example], samples: int, rng: jax.Array, desc: str = 'pass rates'
+               ) -> dict[str, float]:
+  """Example id → fraction of `samples` rollouts at the RL settings (`rollout_options`) whose verdict is
+  correct, in batches of about `config.rlvr.selection_batch` rollouts."""
+  rates, chunk = {}, max(1, config.rlvr.selection_batch // samples)
+  for start in tqdm.trange(0, len(examples), chunk, desc=desc, unit='batch', disable=jax.process_index() != 0):
+    batch = examples[start:start + chunk]
+    groups = rollouts.generate_and_score(model_config, params, tokenizer, batch,
+                                         [rollouts.render_prompt(tokenizer, e) for e in batch],
+                                         jax.random.fold_in(rng, start), samples_per_prompt=samples,
+                                         **rollout_options(config))
+    rates.update({e.id: float(np.mean([bool(s.verdict.correct) for s in group])) for e, group in zip(batch, groups)})
+  return rates
+
+
 def select_prompts(config, workdir: pathlib.Path, model_config: model.ModelConfig, params: Any,
                    tokenizer: Tokenizer, pool: Sequence[Example]) -> list[Example]:
   """Prompts whose pass rate under the starting policy lies in `config.rlvr.select_pass_rate`
@@ -269,17 +285,8 @@ def select_prompts(config, workdir: pathlib.Path, model_config: model.ModelConfi
     return [by_id[i] for i in cached['kept']]
   candidates = selection_candidates(pool, settings.selection_prompts, config.seed)
   low, high = settings.select_pass_rate
-  rates, chunk = {}, max(1, settings.selection_batch // settings.selection_samples)
-  rng = jax.random.key(config.seed)
-  for start in tqdm.trange(0, len(candidates), chunk, desc='prompt selection', unit='batch',
-                           disable=jax.process_index() != 0):
-    examples = candidates[start:start + chunk]
-    prompts = [rollouts.render_prompt(tokenizer, e) for e in examples]
-    groups = rollouts.generate_and_score(model_config, params, tokenizer, examples, prompts,
-                                         jax.random.fold_in(rng, start), samples_per_prompt=settings.selection_samples,
-                                         **rollout_options(config))
-    for example, group in zip(examples, groups):
-      rates[example.id] = float(np.mean([bool(s.verdict.correct) for s in group]))
+  rates = pass_rates(config, model_config, params, tokenizer, candidates, settings.selection_samples,
+                     jax.random.key(config.seed), desc='prompt selection')
   kept = [e.id for e in candidates if low <= rates[e.id] <= high]
   summary = {f'{task}/{lang}': {'candidates': sum(1 for e in candidates if (e.task, e.language) == (task, lang)),
                                 'kept': sum(1 for i in kept if (by_id[i].task, by_id[i].language) == (task, lang))}
@@ -320,6 +327,15 @@ def allocate(count: int, weights: Mapping[Any, float], capacity: Mapping[Any, in
   return counts
 
 
+def eval_settings(config) -> evals_core.Settings:
+  """The held-out evaluation's settings: greedy, in `config.rlvr.eval_modes`, with the RL tool limits."""
+  settings = config.rlvr
+  return evals_core.Settings(modes=tuple(settings.eval_modes), max_new_tokens=config.sampling.max_new_tokens,
+                             max_tool_turns=settings.max_tool_turns,
+                             max_tool_result_tokens=settings.max_tool_result_tokens,
+                             batch_size=settings.eval_batch_size, seed=config.seed)
+
+
 def eval_examples(selected: Sequence[Example], heldout: Sequence[Example], count: int, seed: int) -> list[Example]:
   """`count` held-out prompts with the (task, language) mix of `selected` (`allocate`: a group with too
   few held-out prompts gives its share to the others), fixed by `seed`; disjoint from RL and RS prompts,
@@ -358,18 +374,15 @@ def run(config, workdir: str) -> None:
     selected = select_prompts(config, workdir, model_config, state.params, tokenizer, pool)
   heldout = eval_examples(selected, prompt_pool(settings, 'heldout', tokenizer, seed=config.seed),
                           settings.eval_prompts, config.seed)
-  eval_settings = evals_core.Settings(modes=tuple(settings.eval_modes), max_new_tokens=config.sampling.max_new_tokens,
-                                      max_tool_turns=settings.max_tool_turns,
-                                      max_tool_result_tokens=settings.max_tool_result_tokens,
-                                      batch_size=settings.eval_batch_size, seed=config.seed)
+  greedy_settings = eval_settings(config)
 
-  sampled_settings = dataclasses.replace(eval_settings, temperature=config.sampling.temperature,
+  sampled_settings = dataclasses.replace(greedy_settings, temperature=config.sampling.temperature,
                                          samples=settings.eval_samples)
 
   def eval_fn(params, step):
     del step
     params = jax.device_get(params)
-    metrics = evals_core.evaluate(model_config, params, tokenizer, eval_settings, examples=heldout)
+    metrics = evals_core.evaluate(model_config, params, tokenizer, greedy_settings, examples=heldout)
     if settings.eval_samples:  # what RL optimises: pass@1 of the policy as it samples
       sampled = evals_core.evaluate(model_config, params, tokenizer, sampled_settings, examples=heldout)
       metrics |= {SAMPLED_PREFIX + key.removeprefix('eval/'): value for key, value in sampled.items()

@@ -41,6 +41,7 @@ def get_config(arg=None):
   config.sft.eval_examples_per_source = 64   # held-out conversations per source for eval/loss; 0: no eval
   config.sft.rs_traces = ''             # rs_traces.jsonl of the rejection_sampling stage: joins 'reasoning'; '' = none
   config.sft.thinking_language = 'en'   # 'ko': Korean prompts think in Korean (the paper's Table 1 ablation)
+  config.sft.chat_tool_fraction = 0.3   # reasoning chat arithmetic that calls the calculator (the rest answers)
   # Held-out task correctness (luckystar.evals.core.Settings): greedy, both modes, per task and language.
   config.sft.task_eval = ml_collections.ConfigDict(dict(per_task_language=8, max_new_tokens=160, batch_size=40))
 

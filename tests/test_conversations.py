@@ -43,7 +43,7 @@ def test_gold_conversations_earn_full_reward(tok, task, mode, tmp_path_factory):
     turns, _, _, _, mask = _rollout(tok, example, mode)
     assert (turns[0].thinking is not None) == (mode == 'reasoning'), example.id
     # Reasoning-mode math, like NL2SQL, calls its tool first and answers in the turn after the result.
-    assert len(turns) == (2 if task == 'nl2sql' or (task, mode) == ('math', 'reasoning') else 1), example.id
+    assert len(turns) == (2 if task == 'nl2sql' or conversations.uses_calculator(example, mode) else 1), example.id
     verdict = _verdict(tok, example, mode)
     assert verdict.correct and verdict.reward == 1.0, (example.id, mode, turns, verdict)
     assert sum(mask) > 0
@@ -58,6 +58,29 @@ def test_english_nl2sql_answers_may_quote_korean_values(tok):
   for example in examples:
     verdict = _verdict(tok, example, 'concise')
     assert verdict.reward == 1.0 and not verdict.language_mismatch, (example.id, verdict)
+
+
+def test_chat_arithmetic_calls_the_calculator_in_a_fraction_of_reasoning_traces(tok):
+  """Sums and hour-to-minute questions: every expression computes the answer; about
+  `CHAT_TOOL_FRACTION` of the reasoning traces call the calculator (a stable choice per example),
+  the rest and all concise traces answer directly, and either way the gold earns full reward."""
+  examples = [e for e in suites.load('chat', 'train') if e.meta['kind'] in ('sum', 'minutes')]
+  assert len(examples) > 100 and all(e.meta.get('expression') for e in examples)
+  calling = [e for e in examples if conversations.uses_calculator(e, 'reasoning')]
+  assert 0.2 < len(calling) / len(examples) < 0.45
+  assert not any(conversations.uses_calculator(e, 'concise') for e in examples)
+  assert not any(conversations.uses_calculator(e, 'reasoning', chat_tool_fraction=0.0) for e in examples)
+  assert all(conversations.uses_calculator(e, 'reasoning', chat_tool_fraction=1.0) for e in examples)
+  knowledge = [e for e in suites.load('chat', 'train') if 'expression' not in e.meta]
+  assert knowledge and not any(conversations.uses_calculator(e, 'reasoning', chat_tool_fraction=1.0)
+                               for e in knowledge)
+  for example in calling[:6] + [e for e in examples if e not in calling][:6]:
+    turns, actions, tool_results, _, _ = _rollout(tok, example, 'reasoning')
+    assert len(turns) == (2 if example in calling else 1), example.id
+    if example in calling:
+      assert tool_results == [example.answer] and example.meta['expression'] in actions[0], example.id
+    verdict = _verdict(tok, example, 'reasoning')
+    assert verdict.correct and verdict.reward == 1.0, (example.id, verdict)
 
 
 def test_tool_results_are_not_trained_on(tok):

@@ -8,7 +8,8 @@ held-out question asks a fact the train split teaches in other words — what an
 evaluation of a post-trained model's knowledge looks like. Knowledge kinds are
 drawn far more often than arithmetic (`_DRAWS`): sums alone would otherwise
 yield most distinct prompts after deduplication, and the suite would measure
-two-digit addition rather than recall. `meta['kind']` names the kind.
+two-digit addition rather than recall. `meta['kind']` names the kind; the arithmetic
+kinds also carry `meta['expression']`, the calculator expression that computes the answer.
 """
 
 import random
@@ -105,13 +106,14 @@ def _minutes(rng):
   minutes = str(hours * 60)
   return (rng.choice((f'How many minutes are in {hours} hours?', f'Convert {hours} hours to minutes.')), minutes,
           f'{minutes} minutes.', rng.choice((f'{hours}시간은 몇 분인가요?', f'{hours}시간을 분으로 바꾸면?')),
-          minutes, f'{minutes}분입니다.')
+          minutes, f'{minutes}분입니다.', f'{hours} × 60')
 
 
 def _sum(rng):
   a, b = rng.randint(2, 99), rng.randint(2, 99)
   return (rng.choice((f'What is {a} + {b}?', f'Add {a} and {b}.')), str(a + b), f'{a + b}.',
-          rng.choice((f'{a} 더하기 {b}는 얼마인가요?', f'{a}와 {b}를 더하면?')), str(a + b), f'{a + b}입니다.')
+          rng.choice((f'{a} 더하기 {b}는 얼마인가요?', f'{a}와 {b}를 더하면?')), str(a + b), f'{a + b}입니다.',
+          f'{a} + {b}')
 
 
 # (kind, weight): each knowledge kind has at most a few dozen distinct prompts, which dedupe keeps;
@@ -125,12 +127,12 @@ def generate(seed: int = 0, count: int = 1500) -> Iterator[Example]:
   draws, weights = zip(*_DRAWS)
   for _ in range(count):
     draw, = rng.choices(draws, weights)
-    en, en_answer, en_response, ko, ko_answer, ko_response = draw(rng)
+    en, en_answer, en_response, ko, ko_answer, ko_response, *expression = draw(rng)
     split = split_of(en, seed)
     for language, prompt, answer, response in (('en', en, en_answer, en_response), ('ko', ko, ko_answer, ko_response)):
       yield Example(id=f'chat-{draw.__name__[1:]}-{language}-{rng.getrandbits(32):08x}', task='chat',
                     language=language, split=split, prompt=prompt, answer=answer, response=response,
-                    meta={'kind': draw.__name__[1:]})
+                    meta={'kind': draw.__name__[1:]} | ({'expression': expression[0]} if expression else {}))
 
 
 def suite(seed: int = 0, count: int = 1500) -> list[Example]:

@@ -7,6 +7,7 @@ action; NL2SQL with an action, the sandbox's tool result, then a response; reaso
 same way with the calculator.
 """
 
+import hashlib
 import json
 import pathlib
 from typing import Sequence
@@ -28,6 +29,10 @@ CONCISE_TASKS = ('chat', 'korean_mc', 'math', 'function_calling')  # concise too
 # `tiny-base` (the stand-in for an already post-trained chat model, DESIGN §7): concise-mode
 # conversations per task, and plain bilingual text with loss on every token.
 BASE_WEIGHTS = {'chat': 0.35, 'korean_mc': 0.45, 'math': 0.1, 'text': 0.1}
+# Reasoning-mode chat arithmetic that calls the calculator (the rest states the answer, which the
+# 5M-parameter model gets wrong: it cannot add in its weights). Below 1/2, so `tiny-sft` answers
+# greedily without the tool while its samples sometimes use it: the behaviour RLVR can reinforce.
+CHAT_TOOL_FRACTION = 0.3
 BASE_TEXT_LINES = 20_000
 BASE_KOREAN_MC_DRAWS = 6000
 
@@ -57,12 +62,24 @@ def prompt(example: Example) -> list[dict]:
       {'role': 'user', 'content': example.prompt}]
 
 
-def messages(example: Example, mode: str, *, thinking_language: str = 'en', db_path: str | None = None
-             ) -> list[dict]:
+def uses_calculator(example: Example, mode: str, chat_tool_fraction: float = CHAT_TOOL_FRACTION) -> bool:
+  """Whether `example`'s trace in `mode` calls the calculator: reasoning-mode math with an expression,
+  and reasoning-mode chat arithmetic when a stable hash of its id falls below `chat_tool_fraction`."""
+  if mode != 'reasoning' or not example.meta.get('expression'):
+    return False
+  if example.task == 'chat':
+    digest = hashlib.sha256(f'chat-tool:{example.id}'.encode()).digest()
+    return int.from_bytes(digest[:8], 'big') / 2**64 < chat_tool_fraction
+  return example.task == 'math'
+
+
+def messages(example: Example, mode: str, *, thinking_language: str = 'en', db_path: str | None = None,
+             chat_tool_fraction: float = CHAT_TOOL_FRACTION) -> list[dict]:
   """The conversation an SFT example teaches. NL2SQL needs `db_path` to run its gold query.
 
-  Function calling answers with its action. NL2SQL, and math in reasoning mode (a trace with an
-  `expression`), call their tool, see its result and answer from it; concise math answers directly."""
+  Function calling answers with its action. NL2SQL, and the traces `uses_calculator` picks (reasoning
+  math, some reasoning chat arithmetic), call their tool, see its result and answer from it; concise
+  mode answers directly."""
   conversation = prompt(example)
   thinking = {'thinking': _thinking(example, thinking_language)} if mode == 'reasoning' else {}
   if example.task == 'function_calling':
@@ -76,11 +93,13 @@ def messages(example: Example, mode: str, *, thinking_language: str = 'en', db_p
     return conversation + _tool_round_trip(thinking, tools.SQL_TOOL, {'query': example.answer},
                                            sql_tool.format_result(result), response)
   response = example.response or example.answer
-  if example.task == 'math' and mode == 'reasoning' and example.meta.get('expression'):
+  if uses_calculator(example, mode, chat_tool_fraction):
     result = calculator.evaluate(example.meta['expression'])
     if not result.ok or calculator.format_value(result.value) != example.answer:
       raise ValueError(f'example {example.id}: its expression {example.meta["expression"]!r} does not give the '
                        f'answer {example.answer!r} ({result.error or calculator.format_value(result.value)})')
+    if example.task == 'chat':
+      thinking['thinking'] = f'This is arithmetic; the calculator gives the exact value of {example.meta["expression"]}.'
     return conversation + _tool_round_trip(thinking, tools.CALCULATOR_TOOL, {'expression': example.meta['expression']},
                                            example.answer, response)
   return conversation + [{'role': 'assistant', **thinking, 'response': response}]
@@ -94,25 +113,29 @@ def _tool_round_trip(thinking: dict, tool_name: str, parameters: dict, result: s
 
 
 def render_example(tokenizer: Tokenizer, example: Example, mode: str, *, thinking_language: str = 'en',
-                   db_path: str | None = None) -> dict[str, np.ndarray]:
+                   db_path: str | None = None, chat_tool_fraction: float = CHAT_TOOL_FRACTION
+                   ) -> dict[str, np.ndarray]:
   """{'tokens', 'loss_mask'} int32 arrays: the rendered conversation, loss on assistant tokens only."""
-  ids, mask = tokenizer.render(messages(example, mode, thinking_language=thinking_language, db_path=db_path), mode)
+  ids, mask = tokenizer.render(messages(example, mode, thinking_language=thinking_language, db_path=db_path,
+                                        chat_tool_fraction=chat_tool_fraction), mode)
   return {'tokens': np.asarray(ids, np.int32), 'loss_mask': np.asarray(mask, np.int32)}
 
 
 def sft_sources(tokenizer: Tokenizer, *, seed: int = 0, split: str = 'train',
                 reasoning_tasks: Sequence[str] = REASONING_TASKS, concise_tasks: Sequence[str] = CONCISE_TASKS,
-                extra_reasoning: Sequence[dict] = (), thinking_language: str = 'en'
-                ) -> tuple[dict[str, list], dict[str, float]]:
+                extra_reasoning: Sequence[dict] = (), thinking_language: str = 'en',
+                chat_tool_fraction: float = CHAT_TOOL_FRACTION) -> tuple[dict[str, list], dict[str, float]]:
   """The hybrid SFT mixture: ({'reasoning': [...], 'concise': [...]}, DEFAULT_WEIGHTS); each element is
   `render_example`'s dict. `extra_reasoning` adds pre-rendered conversations (rejection-sampled traces);
-  `thinking_language='ko'` gives Korean prompts their Korean trace (Table 1's ablation)."""
+  `thinking_language='ko'` gives Korean prompts their Korean trace (Table 1's ablation);
+  `chat_tool_fraction` is the share of reasoning chat arithmetic that calls the calculator."""
   from luckystar.data import suites  # suites build databases; only needed here
   sources = {'reasoning': list(extra_reasoning), 'concise': []}
   for mode, tasks in (('reasoning', reasoning_tasks), ('concise', concise_tasks)):
     for task in tasks:
       for example in suites.load(task, split, seed=seed):
-        sources[mode].append(render_example(tokenizer, example, mode, thinking_language=thinking_language))
+        sources[mode].append(render_example(tokenizer, example, mode, thinking_language=thinking_language,
+                                            chat_tool_fraction=chat_tool_fraction))
   return sources, dict(DEFAULT_WEIGHTS)
 
 

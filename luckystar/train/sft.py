@@ -126,8 +126,10 @@ def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vo
     rs_traces = config.sft.get('rs_traces', '')
     extra = (conversations.read_rs_traces(rs_traces, vocab_size=tokenizer.vocab_size)
              if rs_traces and split == 'train' else ())  # RS prompts are train prompts: never in eval
+    if not 0 <= (fraction := config.sft.get('chat_tool_fraction', conversations.CHAT_TOOL_FRACTION)) <= 1:
+      raise config_lib.UserError(f'config.sft.chat_tool_fraction={fraction!r}; expected a share in [0, 1]')
     raw, weights = conversations.sft_sources(tokenizer, seed=config.seed, split=split, extra_reasoning=extra,
-                                             thinking_language=thinking)
+                                             thinking_language=thinking, chat_tool_fraction=fraction)
   elif config.sft.data == 'teacher':  # the teacher split; held-out eval on the same tasks
     raw, weights = (conversations.teacher_sources(tokenizer, seed=config.seed) if split == 'train' else
                     conversations.sft_sources(tokenizer, seed=config.seed, split=split,

@@ -2,7 +2,7 @@
 
     python experiments/bundled_models.py tiny-base     # ≈ 60 min on 2 CPU cores
     python experiments/bundled_models.py tiny-sft      # from the shipped tiny-base; ≈ 30 min
-    python experiments/bundled_models.py tiny-rlvr     # the main job (RLVR) from the shipped tiny-sft; ≈ 15 min
+    python experiments/bundled_models.py tiny-rlvr     # the main job (RLVR) from the shipped tiny-sft; ≈ 13 min
     python experiments/bundled_models.py --eval_only tiny-base tiny-sft   # re-evaluate what ships
 
 For each name: train with its recipe (`RECIPES`: the same `python -m luckystar.main` command a user

@@ -12,7 +12,7 @@ settings, and reports per task: the histogram of pass counts among greedy-wrong 
 prompts, the *headroom* (expected correct answers among the greedy-wrong prompts, Σ pass rate) and
 the *risk* (expected wrong answers among the greedy-right ones, Σ (1 − pass rate)), and how greedy
 verdicts moved from the first model to the last. Writes experiments/rl_headroom.md and prints it.
-About 4 minutes per model on 2 CPU cores.
+About 3 minutes per model on 2 CPU cores.
 """
 
 import argparse

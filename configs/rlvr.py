@@ -44,9 +44,9 @@ def get_config(arg=None):
       tasks=('chat', 'function_calling', 'math', 'nl2sql'),
       samples_per_prompt=8,
       # r = correctness − penalty·[response language ≠ prompt language]. The paper's 0.5 still pays a correct
-      # English answer to a Korean prompt more than a wrong Korean one; the previous tiny-sft drifted under it
+      # English answer to a Korean prompt more than a wrong Korean one; an older tiny-sft drifted under it
       # (held-out Korean→English 0 → 11% in 32 steps at 2e-4) and not at 1.0. The current one drifts under no
-      # penalty in these 24 steps (0 / 0 / 1.3% at 0 / 0.5 / 1.0; experiments/language_penalty.md).
+      # penalty in these 24 steps (1.1 → 1.3%, one prompt, at 0 / 0.5 / 1.0; experiments/language_penalty.md).
       language_penalty=1.0,
       drop_overlong=True,          # overlong rollouts leave the baseline and the loss
       kl_beta=0.0,                 # 0 ⇒ no reference params held in memory

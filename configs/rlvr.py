@@ -75,11 +75,11 @@ def get_config(arg=None):
     config.eval_every = 3
     config.checkpoint_every = 1
     config.sampling.max_new_tokens = 64
-    config.rlvr.tasks = ('korean_mc',)
+    config.rlvr.tasks = ('chat',)          # prompts whose 4 samples disagree: rewards vary, updates are not zero
     config.rlvr.samples_per_prompt = 4
-    config.rlvr.selection_prompts = ml_collections.ConfigDict(dict(korean_mc=8))
+    config.rlvr.selection_prompts = ml_collections.ConfigDict(dict(chat=16))
     config.rlvr.selection_samples = 4
-    config.rlvr.select_pass_rate = (0.0, 1.0)
+    config.rlvr.select_pass_rate = (0.25, 0.75)
     config.rlvr.eval_prompts = 8
     config.rlvr.eval_samples = 2
   elif arg:

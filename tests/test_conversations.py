@@ -3,9 +3,11 @@
 import numpy as np
 import pytest
 
+from luckystar import config as config_lib
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations, korean_mc, suites
 from luckystar.rewards import language, reward
+from luckystar.train import sft
 
 TASKS = ('math', 'function_calling', 'korean_mc', 'chat', 'nl2sql')
 
@@ -133,3 +135,10 @@ def test_base_sources_are_concise_conversations_and_plain_text(tok):
   document = sources['text'][0]
   assert document['tokens'][0] == tok.bos_id and document['tokens'][-1] == tok.eos_id
   assert document['loss_mask'].tolist() == [0] + [1] * (len(document['tokens']) - 1)
+
+
+def test_chat_tool_fraction_outside_zero_one_is_a_config_error(tok):
+  config = config_lib.from_file('configs/sft.py')
+  config.sft.chat_tool_fraction = 1.5
+  with pytest.raises(config_lib.UserError, match='config.sft.chat_tool_fraction=1.5'):
+    sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)

@@ -263,7 +263,7 @@ def test_stage_keeps_verified_traces_writes_its_files_and_they_join_sft(tok, tmp
   sft_config = _config('sft')
   with sft_config.unlocked():
     sft_config.sft.rs_traces = str(tmp_path / rs.TRACES_FILE)
-  monkeypatch.setattr(conversations, 'sft_sources', lambda tokenizer, *, seed, split, extra_reasoning=(), thinking_language='en': (
+  monkeypatch.setattr(conversations, 'sft_sources', lambda tokenizer, *, seed, split, extra_reasoning=(), **_: (
       {'reasoning': list(extra_reasoning), 'concise': []}, dict(conversations.DEFAULT_WEIGHTS)))
   train, _ = sft.sources(sft_config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)
   assert [t['tokens'].tolist() for t in train['reasoning']] == [t['tokens'] for t in traces]

@@ -273,5 +273,5 @@ def test_prompt_selection_is_cached_and_checked(runs):
   assert selection['kept'] and set(selection['kept']) <= set(selection['pass_rates'])
   assert 'reusing' in runs['resume_log']
   from luckystar.data import examples, suites
-  kept = {e.id: e for e in suites.load('korean_mc', 'train')}
+  kept = {e.id: e for e in suites.load('chat', 'train')}
   assert not any(examples.rs_only(kept[i], 0) for i in selection['kept'])

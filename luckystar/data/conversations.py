@@ -4,7 +4,10 @@ Reasoning mode: an English step-by-step thinking section, then the response in t
 prompt's language (or, with `thinking_language='ko'`, Korean prompts think in the Korean trace:
 the paper's Table 1 ablation). Concise mode: the response only. Function calling answers with an
 action; NL2SQL with an action, the sandbox's tool result, then a response; reasoning-mode math the
-same way with the calculator.
+same way with the calculator. Reasoning-mode chat arithmetic (sums, hours to minutes) calls the
+calculator in a fraction `chat_tool_fraction` of its traces and states the answer in the rest, as
+data pooled from sources that use tools unevenly would: SFT leaves the policy calling the tool some
+of the time, and RLVR, whose reward sees only the answer, teaches it that the tool pays.
 """
 
 import hashlib

@@ -108,7 +108,8 @@ def smoke_stages() -> dict[str, ml_collections.ConfigDict]:
   tiny_sft = dict(total_steps=2, batch_size=2, warmup_steps=0, eval_every=0, checkpoint_every=2,
                   sft__seq_len=256, sft__eval_examples_per_source=0, sft__task_eval__per_task_language=0)
   rlvr = stage('rlvr', 'smoke', init_from='@sft', total_steps=2, checkpoint_every=2, eval_every=0,
-               sampling__max_new_tokens=16, rlvr__selection_prompts=ml_collections.ConfigDict(dict(korean_mc=2)),
+               sampling__max_new_tokens=16, rlvr__tasks=('korean_mc',), rlvr__select_pass_rate=(0.0, 1.0),
+               rlvr__selection_prompts=ml_collections.ConfigDict(dict(korean_mc=2)),
                rlvr__samples_per_prompt=2, rlvr__selection_samples=2, rlvr__eval_prompts=2, rlvr__eval_samples=0)
   return {
       'teacher': stage('sft', 'teacher', init_from='tiny-base', **tiny_sft),

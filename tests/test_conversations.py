@@ -137,8 +137,9 @@ def test_base_sources_are_concise_conversations_and_plain_text(tok):
   assert document['loss_mask'].tolist() == [0] + [1] * (len(document['tokens']) - 1)
 
 
-def test_chat_tool_fraction_outside_zero_one_is_a_config_error(tok):
+@pytest.mark.parametrize('data', ['conversations', 'teacher'])
+def test_chat_tool_fraction_outside_zero_one_is_a_config_error(tok, data):
   config = config_lib.from_file('configs/sft.py')
-  config.sft.chat_tool_fraction = 1.5
+  config.sft.data, config.sft.chat_tool_fraction = data, 1.5
   with pytest.raises(config_lib.UserError, match='config.sft.chat_tool_fraction=1.5'):
     sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)

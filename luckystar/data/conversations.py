@@ -46,7 +46,7 @@ def _action(example: Example) -> str:
   return json.dumps(calls[0] if len(calls) == 1 else calls, ensure_ascii=False)
 
 
-def _thinking(example: Example, thinking_language: str) -> str:
+def _thinking(example: Example, thinking_language: str, calls_calculator: bool) -> str:
   if thinking_language == 'ko' and example.language == 'ko' and example.thinking_ko:
     return example.thinking_ko
   if example.thinking:
@@ -56,6 +56,8 @@ def _thinking(example: Example, thinking_language: str) -> str:
     return f'The request needs a tool call: {names}. I fill in the arguments from the question.'
   if example.task == 'nl2sql':
     return 'I will query the database with SQL, then answer from the result.'
+  if calls_calculator:  # chat arithmetic (math traces carry their own thinking)
+    return f'This is arithmetic; the calculator gives the exact value of {example.meta["expression"]}.'
   return f'This is a short factual question; the answer is {example.answer}.'
 
 
@@ -84,7 +86,8 @@ def messages(example: Example, mode: str, *, thinking_language: str = 'en', db_p
   math, some reasoning chat arithmetic), call their tool, see its result and answer from it; concise
   mode answers directly."""
   conversation = prompt(example)
-  thinking = {'thinking': _thinking(example, thinking_language)} if mode == 'reasoning' else {}
+  calls_calculator = uses_calculator(example, mode, chat_tool_fraction)
+  thinking = {'thinking': _thinking(example, thinking_language, calls_calculator)} if mode == 'reasoning' else {}
   if example.task == 'function_calling':
     return conversation + [{'role': 'assistant', **thinking, 'action': _action(example)}]
   if example.task == 'nl2sql':
@@ -96,13 +99,11 @@ def messages(example: Example, mode: str, *, thinking_language: str = 'en', db_p
     return conversation + _tool_round_trip(thinking, tools.SQL_TOOL, {'query': example.answer},
                                            sql_tool.format_result(result), response)
   response = example.response or example.answer
-  if uses_calculator(example, mode, chat_tool_fraction):
+  if calls_calculator:
     result = calculator.evaluate(example.meta['expression'])
     if not result.ok or calculator.format_value(result.value) != example.answer:
       raise ValueError(f'example {example.id}: its expression {example.meta["expression"]!r} does not give the '
                        f'answer {example.answer!r} ({result.error or calculator.format_value(result.value)})')
-    if example.task == 'chat':
-      thinking['thinking'] = f'This is arithmetic; the calculator gives the exact value of {example.meta["expression"]}.'
     return conversation + _tool_round_trip(thinking, tools.CALCULATOR_TOOL, {'expression': example.meta['expression']},
                                            example.answer, response)
   return conversation + [{'role': 'assistant', **thinking, 'response': response}]
@@ -174,12 +175,13 @@ def base_sources(tokenizer: Tokenizer, *, seed: int = 0, split: str = 'train', t
 TEACHER_REASONING_TASKS = ('nl2sql', *REASONING_TASKS)
 
 
-def teacher_sources(tokenizer: Tokenizer, *, seed: int = 0) -> tuple[dict[str, list], dict[str, float]]:
+def teacher_sources(tokenizer: Tokenizer, *, seed: int = 0, chat_tool_fraction: float = CHAT_TOOL_FRACTION
+                    ) -> tuple[dict[str, list], dict[str, float]]:
   """The teacher's SFT mixture, from the 'teacher' split only (its questions and NL2SQL databases are
   disjoint from the student's train and held-out splits): ({'reasoning': [...], 'concise': [...]},
   DEFAULT_WEIGHTS), each element `render_example`'s dict. NL2SQL golds run through the sandbox."""
   return sft_sources(tokenizer, seed=seed, split='teacher', reasoning_tasks=TEACHER_REASONING_TASKS,
-                     concise_tasks=CONCISE_TASKS)
+                     concise_tasks=CONCISE_TASKS, chat_tool_fraction=chat_tool_fraction)
 
 
 RS_TRACE_FIELDS = ('example_id', 'task', 'language', 'sample_index', 'teacher', 'mode', 'tokens', 'loss_mask')

@@ -117,6 +117,8 @@ def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vo
   if config.sft.get('rs_traces', '') and config.sft.data != 'conversations':
     raise config_lib.UserError(f'config.sft.rs_traces={config.sft.rs_traces!r} joins the "conversations" data '
                                f'only, not config.sft.data={config.sft.data!r}; set it to "" or change the data')
+  if not 0 <= (fraction := config.sft.get('chat_tool_fraction', conversations.CHAT_TOOL_FRACTION)) <= 1:
+    raise config_lib.UserError(f'config.sft.chat_tool_fraction={fraction!r}; expected a share in [0, 1]')
   if config.sft.data == 'synthetic':
     raw = synthetic_sources(config.seed, split, vocab_size=vocab_size)
     weights = {name: 1.0 for name in raw}
@@ -126,13 +128,12 @@ def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vo
     rs_traces = config.sft.get('rs_traces', '')
     extra = (conversations.read_rs_traces(rs_traces, vocab_size=tokenizer.vocab_size)
              if rs_traces and split == 'train' else ())  # RS prompts are train prompts: never in eval
-    if not 0 <= (fraction := config.sft.get('chat_tool_fraction', conversations.CHAT_TOOL_FRACTION)) <= 1:
-      raise config_lib.UserError(f'config.sft.chat_tool_fraction={fraction!r}; expected a share in [0, 1]')
     raw, weights = conversations.sft_sources(tokenizer, seed=config.seed, split=split, extra_reasoning=extra,
                                              thinking_language=thinking, chat_tool_fraction=fraction)
   elif config.sft.data == 'teacher':  # the teacher split; held-out eval on the same tasks
-    raw, weights = (conversations.teacher_sources(tokenizer, seed=config.seed) if split == 'train' else
-                    conversations.sft_sources(tokenizer, seed=config.seed, split=split,
+    raw, weights = (conversations.teacher_sources(tokenizer, seed=config.seed, chat_tool_fraction=fraction)
+                    if split == 'train' else
+                    conversations.sft_sources(tokenizer, seed=config.seed, split=split, chat_tool_fraction=fraction,
                                               reasoning_tasks=conversations.TEACHER_REASONING_TASKS))
   elif config.sft.data == 'base':
     raw, weights = conversations.base_sources(tokenizer, seed=config.seed, split=split)

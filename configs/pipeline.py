@@ -3,6 +3,7 @@ export → eval, with the ablations behind the paper's findings (DESIGN §5–§
 
     python -m luckystar.main --config=configs/pipeline.py --workdir=/tmp/luckystar-paper
     python -m luckystar.main --config=configs/pipeline.py:smoke --workdir=/tmp/luckystar-paper-smoke
+    python -m luckystar.main --config=configs/pipeline.py:cold_start --workdir=/tmp/luckystar-cold-start
 
 Each stage is the config of its own `configs/<stage>.py`, with smaller step counts, under
 `config.pipeline.stages.<name>`, run in `config.pipeline.order`, each in workdir/<name>. A value
@@ -31,6 +32,8 @@ Measured on 2 CPU cores (seed 0): 73 min; the report is experiments/paper_reprod
 "Paper reproduction"): English thinking beats Korean thinking (Table 1, by 2 of 64 prompts), the recipe
 beats the base on reasoning-mode math, and int4 keeps the scores (1.8 points); the penalty's effect on
 drift (Table 2), the cold start, DPO's length cut and Table 4 do not reproduce at this size.
+`:cold_start`: the NL2SQL cold start alone, at full size (`cold_start_stages`; experiments/cold_start.py
+runs it and writes experiments/cold_start.md).
 `:smoke` (tests): the chain teacher → rejection_sampling → sft → rlvr → dpo → quantize → eval with a
 few steps and prompts each; DPO starts from a random policy (a barely trained one is never verbose,
 so it would have no pairs).
@@ -61,12 +64,14 @@ def stage(name: str, arg: str | None = None, **changes) -> ml_collections.Config
   return config
 
 
-def _cold_start(init_from: str) -> ml_collections.ConfigDict:
+def _cold_start(init_from: str, **changes) -> ml_collections.ConfigDict:
   """RLOO on NL2SQL alone, every candidate kept (no [1/8, 7/8] filter: the point is to see the signal), and
-  no language penalty, so a group's rewards vary only where its correctness does."""
-  return stage('rlvr', init_from=init_from, total_steps=6, checkpoint_every=3, rlvr__language_penalty=0.0,
-               rlvr__tasks=('nl2sql',), rlvr__selection_prompts=ml_collections.ConfigDict(dict(nl2sql=48)),
-               rlvr__select_pass_rate=(0.0, 1.0), rlvr__eval_prompts=64, rlvr__eval_samples=0)
+  no language penalty, so a group's rewards vary only where its correctness does. Held-out: new questions
+  over the training databases (`rloo.eval_pool`); the student learns NL2SQL from traces over those alone."""
+  return stage('rlvr', init_from=init_from, **{**dict(
+      total_steps=6, checkpoint_every=3, rlvr__language_penalty=0.0, rlvr__tasks=('nl2sql',),
+      rlvr__selection_prompts=ml_collections.ConfigDict(dict(nl2sql=48)), rlvr__select_pass_rate=(0.0, 1.0),
+      rlvr__eval_prompts=64, rlvr__eval_samples=0, rlvr__eval_split='train'), **changes})
 
 
 def _eval(init_from: str, **changes) -> ml_collections.ConfigDict:
@@ -84,8 +89,7 @@ def full_stages() -> dict[str, ml_collections.ConfigDict]:
                           dict(chat=96, function_calling=32, math=32, nl2sql=32)))
   table1 = dict(suites=('math', 'korean_mc'), modes=('reasoning',), per_suite_language=64, pass_k_samples=0)
   return {
-      'teacher': stage('sft', 'teacher', init_from='tiny-base', total_steps=400, warmup_steps=20, eval_every=0,
-                       checkpoint_every=100, sft__eval_examples_per_source=16),
+      'teacher': stage('sft', 'teacher', total_steps=400),
       'rejection_sampling': stage('rejection_sampling', init_from='@teacher', rejection_sampling__max_prompts=64,
                                   sampling__max_new_tokens=192),
       'sft': stage('sft', **sft_changes, sft__rs_traces='@rejection_sampling/rs_traces.jsonl'),
@@ -101,6 +105,28 @@ def full_stages() -> dict[str, ml_collections.ConfigDict]:
       'eval_base': _eval('tiny-base'),
       'eval_final': _eval('@dpo'),
       'eval_int4': _eval('@quantize/hf_int4'),
+  }
+
+
+def cold_start_stages() -> dict[str, ml_collections.ConfigDict]:
+  """Issue 5's cold start on its own (experiments/cold_start.py): a tiny teacher, best-of-8 on the RS-only
+  NL2SQL prompts, `tiny-sft` fine-tuned on its hybrid mixture plus the kept traces, and RLOO on NL2SQL from
+  `tiny-base`, from `tiny-sft` and from that SFT, then the last on the unseen held-out databases."""
+  rl = dict(total_steps=16, checkpoint_every=4, rlvr__eval_prompts=96)
+  return {
+      'teacher': stage('sft', 'teacher'),
+      'rejection_sampling': stage('rejection_sampling', init_from='@teacher', rejection_sampling__tasks=('nl2sql',)),
+      # The kept traces as a mixture source of their own (a few hundred among ~8000 conversations would
+      # otherwise be drawn a few times each in 300 steps).
+      'sft': stage('sft', init_from='tiny-sft', total_steps=300, learning_rate=3e-4, warmup_steps=10, eval_every=0,
+                   checkpoint_every=100, sft__eval_examples_per_source=16, sft__task_eval__per_task_language=0,
+                   sft__rs_traces='@rejection_sampling/rs_traces.jsonl',
+                   sft__mixture=ml_collections.ConfigDict(dict(reasoning=0.6, concise=0.2, rs=0.2))),
+      'nl2sql_from_base': _cold_start('tiny-base', **rl),
+      'nl2sql_from_tiny_sft': _cold_start('tiny-sft', **rl),
+      'nl2sql_from_sft': _cold_start('@sft', **rl),
+      'eval_nl2sql_unseen': _eval('@nl2sql_from_sft', suites=('nl2sql',), modes=('reasoning',), per_suite_language=32,
+                                  pass_k_samples=0),
   }
 
 
@@ -128,9 +154,12 @@ def get_config(arg=None):
   config.init_from = ''                  # unused: each stage names its own (`tiny-base` or '@<stage>')
   if arg == 'smoke':
     order, stages = SMOKE_ORDER, smoke_stages()
+  elif arg == 'cold_start':
+    stages = cold_start_stages()
+    order = tuple(stages)
   elif arg:
-    raise ValueError(f'unknown variant configs/pipeline.py:{arg}; expected configs/pipeline.py or '
-                     'configs/pipeline.py:smoke')
+    raise ValueError(f'unknown variant configs/pipeline.py:{arg}; expected configs/pipeline.py, '
+                     'configs/pipeline.py:cold_start or configs/pipeline.py:smoke')
   else:
     order, stages = FULL_ORDER, full_stages()
   config.pipeline = ml_collections.ConfigDict(dict(order=order, stages=ml_collections.ConfigDict(stages)))

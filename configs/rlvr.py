@@ -64,6 +64,7 @@ def get_config(arg=None):
       select_pass_rate=(0.125, 0.875),
       selection_batch=128,         # rollouts per sampling call during selection
       eval_prompts=200,
+      eval_split='heldout',        # 'train': new questions over the training databases (rloo.eval_pool)
       eval_modes=('reasoning',),
       eval_samples=2,              # + eval/sampled/*: pass@1 over 2 draws per held-out prompt at config.sampling; 0: off
       eval_batch_size=64,

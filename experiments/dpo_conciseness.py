@@ -13,12 +13,9 @@ checked (issue 6): mean concise-mode response length falls by ≥ 30% while held
 within 2 points in both modes. Writes `experiments/dpo_conciseness.md` and prints it.
 """
 
-import argparse
 import json
 import pathlib
-import subprocess
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import sweep  # noqa: E402  (experiments/sweep.py)
@@ -28,14 +25,6 @@ REPORT = ROOT / 'experiments' / 'dpo_conciseness.md'
 LENGTH_CUT = 0.30        # the claim: concise replies ≥ 30% shorter ...
 CORRECTNESS_SLACK = 0.02  # ... with correctness within 2 points in both modes
 MODES = ('concise', 'reasoning')
-
-
-def run(workdir: pathlib.Path, overrides: list[str]) -> float:
-  command = sweep.command('configs/dpo.py', workdir, dict(o.split('=', 1) for o in overrides))
-  print('$', ' '.join(command), flush=True)
-  start = time.perf_counter()
-  subprocess.run(command, cwd=ROOT, check=True)
-  return time.perf_counter() - start
 
 
 def eval_rows(workdir: pathlib.Path) -> tuple[dict, dict]:
@@ -91,15 +80,7 @@ def report(workdir: pathlib.Path, overrides: list[str], seconds: float) -> str:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument('--workdir', default='/tmp/luckystar-dpo-conciseness')
-  parser.add_argument('--override', action='append', default=[], help='a config override KEY=VALUE (repeatable)')
-  args = parser.parse_args()
-  workdir = pathlib.Path(args.workdir)
-  seconds = run(workdir, args.override)
-  text = report(workdir, args.override, seconds)
-  REPORT.write_text(text)
-  print(text)
+  sweep.run_and_report(__doc__, 'configs/dpo.py', '/tmp/luckystar-dpo-conciseness', REPORT, report)
 
 
 if __name__ == '__main__':

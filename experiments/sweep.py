@@ -23,7 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_MINIMIZE = ('loss', 'language_mismatch', 'overlong', 'kl', 'unscorable')
@@ -54,6 +54,25 @@ def command(config: str, workdir: pathlib.Path, point: dict[str, str] | None = N
   seeded = {} if seed is None else {'seed': seed}
   return [sys.executable, '-m', 'luckystar.main', f'--config={config}', f'--workdir={workdir}',
           *(f'--config.{k}={v}' for k, v in {**(point or {}), **seeded}.items())]
+
+
+def run_and_report(description: str, config: str, default_workdir: str, report_path: pathlib.Path,
+                   report: Callable[[pathlib.Path, list[str], float], str]) -> None:
+  """An experiment script's main: runs the user's command for `config` on `--workdir` with its
+  `--override KEY=VALUE`s (re-running resumes), then writes `report(workdir, overrides, seconds)` to
+  `report_path` and prints it."""
+  parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--workdir', default=default_workdir)
+  parser.add_argument('--override', action='append', default=[], help='a config override KEY=VALUE (repeatable)')
+  args = parser.parse_args()
+  workdir = pathlib.Path(args.workdir)
+  argv = command(config, workdir, dict(o.split('=', 1) for o in args.override))
+  print('$', ' '.join(argv), flush=True)
+  start = time.perf_counter()
+  subprocess.run(argv, cwd=ROOT, check=True)
+  text = report(workdir, args.override, time.perf_counter() - start)
+  report_path.write_text(text)
+  print(text)
 
 
 def read_metrics(workdir: pathlib.Path) -> list[dict]:

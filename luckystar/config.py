@@ -60,6 +60,8 @@ def base(stage: str) -> ml_collections.ConfigDict:
   config.stage = stage
   config.seed = 0
   config.init_from = 'tiny-sft'       # bundled name, luckystar checkpoint dir, or transformers dir
+  # ModelConfig fields replaced at init, e.g. dict(sliding_window=512); checkpoints keep the result.
+  config.model_overrides = ml_collections.ConfigDict()
   config.total_steps = 100
   config.batch_size = 8
   config.learning_rate = 1e-5

@@ -190,18 +190,25 @@ def _cold_start(workdir, have) -> dict[str, Any] | None:
   if not have('nl2sql_from_base', 'nl2sql_from_sft'):
     return None
   rows = []
-  for name in ('nl2sql_from_base', 'nl2sql_from_sft'):
+  for name in ('nl2sql_from_base', 'nl2sql_from_tiny_sft', 'nl2sql_from_sft'):
+    if not have(name):  # the control from `tiny-sft` (no RS traces) runs in configs/pipeline.py:cold_start only
+      continue
     metric_rows = metrics_lib.read(workdir / name)
     start, end = _eval_ends(metric_rows, 'eval/correctness')
     rows.append([f'`{name}`', 100 * _mean(v for _, v in _series(metric_rows, 'train/zero_variance_groups')),
                  100 * _mean(v for _, v in _series(metric_rows, 'train/correctness')), 100 * start, 100 * end])
   stats = _json(workdir / 'rejection_sampling' / 'rs_stats.json')
-  kept = ''
+  notes = ''
   if stats:
     nl2sql = stats['groups'].get('nl2sql', {})
-    kept = (f'; the teacher\'s NL2SQL pass@1 {100 * nl2sql.get("pass@1", math.nan):.1f}%, pass@N '
-            f'{100 * nl2sql.get("pass@N", math.nan):.1f}%, {nl2sql.get("kept_traces", 0)} traces kept')
-  base, sft = rows
+    notes = (f'; the teacher\'s NL2SQL pass@1 {100 * nl2sql.get("pass@1", math.nan):.1f}%, pass@N '
+             f'{100 * nl2sql.get("pass@N", math.nan):.1f}%, {nl2sql.get("kept_traces", 0)} traces kept')
+  if have('eval_nl2sql_unseen'):
+    unseen = _json(workdir / 'eval_nl2sql_unseen' / 'results.json')
+    notes += (f'; on the held-out split\'s unseen databases after RL: '
+              f'{100 * _suite(unseen, "nl2sql", "reasoning"):.1f}% ({unseen["suites"]["nl2sql"]["reasoning"]["examples"]} '
+              'prompts)')
+  base, sft = rows[0], rows[-1]
   return _finding('Cold start: RLOO on NL2SQL from the base model vs after rejection-sampled SFT',
                   'From the base model RLOO on NL2SQL gets almost no reward signal; rejection-sampled SFT first '
                   'makes RL work.',
@@ -209,8 +216,8 @@ def _cold_start(workdir, have) -> dict[str, Any] | None:
                          'held-out NL2SQL % at step 0', 'held-out NL2SQL % at the end'],
                   base[2] < 1.0 and sft[2] > base[2] and sft[4] > sft[3],
                   f'RL-batch correctness {base[2]:.1f}% from tiny-base vs {sft[2]:.1f}% from the SFT (zero-variance '
-                  f'groups {base[1]:.0f}% vs {sft[1]:.0f}%); held-out '
-                  f'NL2SQL after SFT {sft[3]:.1f}% → {sft[4]:.1f}% over RL{kept}')
+                  f'groups {base[1]:.0f}% vs {sft[1]:.0f}%); held-out NL2SQL (new questions over the training '
+                  f'databases) after SFT {sft[3]:.1f}% → {sft[4]:.1f}% over RL{notes}')
 
 
 def _dpo(workdir, have) -> dict[str, Any] | None:

@@ -1,5 +1,7 @@
 """SFT conversations: gold traces score full reward under our own verifiers, in both modes."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -143,3 +145,13 @@ def test_chat_tool_fraction_outside_zero_one_is_a_config_error(tok, data):
   config.sft.data, config.sft.chat_tool_fraction = data, 1.5
   with pytest.raises(config_lib.UserError, match='config.sft.chat_tool_fraction=1.5'):
     sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)
+
+
+def test_nl2sql_thinking_restates_the_question_values():
+  """The query copies a question's values (a city, a name): the thinking names them first, a short copy away."""
+  example = next(e for e in suites.load('nl2sql', 'teacher') if e.meta['values'])
+  thinking = conversations.messages(example, 'reasoning')[2]['thinking']
+  assert all(value in example.prompt and value in example.answer and value in thinking for value in example.meta['values'])
+  bare = dataclasses.replace(example, meta={**example.meta, 'values': []})   # Spider/BIRD examples carry none
+  assert conversations.messages(bare, 'reasoning')[2]['thinking'] == (
+      'I will query the database with SQL, then answer from the result.')

@@ -92,6 +92,23 @@ def test_nl2sql_gold_sql_executes_on_its_database(all_examples, db_dir):
       conn.execute(e.answer).fetchall()
 
 
+def test_teacher_databases_mix_the_wordings_and_share_no_question_with_the_student(all_examples, db_dir):
+  for domain in nl2sql.DOMAINS:
+    wordings = nl2sql.teacher_wordings(domain)
+    instances = [nl2sql.names(domain, i) for i in nl2sql.INSTANCES]
+    assert len(wordings) == nl2sql.TEACHER_WORDINGS and len({tuple(sorted(w.items())) for w in wordings}) == len(wordings)
+    assert not any(w == n for w in wordings for n in instances)
+    assert all(w[key] in {n[key] for n in instances} for w in wordings for key in w)
+  teacher = nl2sql.teacher_suite(db_dir)
+  assert teacher == nl2sql.teacher_suite(db_dir) and {e.split for e in teacher} == {'teacher'}
+  student = {e.prompt for e in all_examples['nl2sql'] if e.split != 'teacher'}
+  assert not {e.prompt for e in teacher} & student
+  assert {e.meta['db_id'] for e in teacher} == {f'{d}_t{k}' for d in nl2sql.DOMAINS for k in range(nl2sql.TEACHER_WORDINGS)}
+  for e in teacher[::50]:
+    with sqlite3.connect(e.meta['db_path']) as conn:
+      conn.execute(e.answer).fetchall()
+
+
 @pytest.mark.parametrize('word,kind,expected', [
     ('사과', 'object', '를'), ('책', 'object', '을'), ('물', 'subject', '이'), ('커피', 'subject', '가'),
     ('학교', 'topic', '는'), ('집', 'topic', '은'), ('빵', 'with', '과'), ('우유', 'with', '와'),

@@ -65,7 +65,7 @@ app.run(main.main, flags_parser=main.parse_flags)
 def test_every_stage_config_has_the_shared_keys():
   for stage in config_lib.STAGES:
     config = config_lib.base(stage)
-    for key in ('stage', 'seed', 'init_from', 'total_steps', 'batch_size', 'learning_rate', 'log_every',
+    for key in ('stage', 'seed', 'init_from', 'model_overrides', 'total_steps', 'batch_size', 'learning_rate', 'log_every',
                 'eval_every', 'checkpoint_every', 'mesh', 'sampling', stage):
       assert key in config, (stage, key)
   with pytest.raises(ValueError, match='unknown stage'):

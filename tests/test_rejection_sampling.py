@@ -7,6 +7,7 @@ import json
 import pathlib
 import types
 
+import ml_collections
 import numpy as np
 import pytest
 
@@ -14,7 +15,7 @@ from luckystar import config as config_lib
 from luckystar import model
 from luckystar import sampling
 from luckystar import tokenizer as tokenizer_lib
-from luckystar.data import conversations, suites
+from luckystar.data import conversations, nl2sql, suites
 from luckystar.data.examples import rs_only
 from luckystar.rewards import reward
 from luckystar.train import rejection_sampling as rs
@@ -147,16 +148,17 @@ def _user_text(tok, ids):
 def test_teacher_sources_use_only_teacher_split_prompts(tok):
   sources, weights = conversations.teacher_sources(tok)
   assert weights == conversations.DEFAULT_WEIGHTS
+  extra, _ = nl2sql.curate(nl2sql.teacher_suite(), lambda text: len(tok.encode(text)))   # mixed-wording databases
   splits = {split: {e.prompt for task in suites.TASKS for e in suites.load(task, split)}
             for split in ('teacher', 'train', 'heldout')}
-  for mode, tasks in (('reasoning', ('nl2sql', 'math', 'function_calling', 'korean_mc', 'chat')),
-                      ('concise', conversations.CONCISE_TASKS)):
-    assert len(sources[mode]) == sum(len(suites.load(task, 'teacher')) for task in tasks), mode
+  for mode, tasks, more in (('reasoning', ('nl2sql', 'math', 'function_calling', 'korean_mc', 'chat'), extra),
+                            ('concise', conversations.CONCISE_TASKS, [])):
+    assert len(sources[mode]) == sum(len(suites.load(task, 'teacher')) for task in tasks) + len(more), mode
     prompts = {_user_text(tok, item['tokens']) for item in sources[mode]}
-    assert prompts <= splits['teacher'], mode
+    assert prompts <= splits['teacher'] | {e.prompt for e in more}, mode
     assert not prompts & (splits['train'] | splits['heldout']), mode
   # The teacher's NL2SQL traces run on the teacher's own databases.
-  teacher_dbs = {e.meta['db_id'] for e in suites.load('nl2sql', 'teacher')}
+  teacher_dbs = {e.meta['db_id'] for e in suites.load('nl2sql', 'teacher') + extra}
   student_dbs = {e.meta['db_id'] for split in ('train', 'heldout') for e in suites.load('nl2sql', split)}
   assert teacher_dbs and not teacher_dbs & student_dbs
 
@@ -318,4 +320,27 @@ def test_a_bad_trace_line_is_named_by_file_and_line(tok, tmp_path):
   with config.unlocked():
     config.sft.data = 'teacher'
   with pytest.raises(config_lib.UserError, match='config.sft.rs_traces'):
+    sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)
+
+
+def test_traces_join_reasoning_or_form_the_rs_source_of_the_mixture(tok, tmp_path):
+  trace = {'example_id': 'x', 'task': 'nl2sql', 'language': 'en', 'sample_index': 0, 'teacher': 't',
+           'mode': 'reasoning', 'tokens': [1, 2, 3, 4], 'loss_mask': [0, 0, 1, 1]}
+  path = tmp_path / 'rs_traces.jsonl'
+  path.write_text(''.join(json.dumps({**trace, 'sample_index': i}) + '\n' for i in range(3)))
+  config = _config('sft')
+  with config.unlocked():
+    config.sft.rs_traces = str(path)
+  plain, _ = conversations.sft_sources(tok)
+  joined, weights = sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)
+  assert set(joined) == {'reasoning', 'concise'} and len(joined['reasoning']) == len(plain['reasoning']) + 3
+  with config.unlocked():
+    config.sft.mixture = ml_collections.ConfigDict(dict(reasoning=0.6, concise=0.2, rs=0.2))
+  own, weights = sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)
+  assert weights == {'reasoning': 0.6, 'concise': 0.2, 'rs': 0.2} and len(own['rs']) == 3
+  assert len(own['reasoning']) == len(plain['reasoning']) and own['rs'][0]['tokens'].tolist() == [1, 2, 3, 4]
+  heldout, _ = sft.sources(config, 'heldout', tokenizer=tok, vocab_size=tok.vocab_size)
+  assert heldout['rs'] == []                     # RS prompts are train prompts: never in eval
+  path.write_text('')
+  with pytest.raises(config_lib.UserError, match="'rs' source a weight"):
     sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)

@@ -234,6 +234,32 @@ def test_selection_candidates_per_task_budget():
     rloo.selection_candidates(pool, {'nl2sql': 4}, seed=0)
 
 
+def test_train_eval_pool_holds_new_questions_over_the_training_databases():
+  """eval_split='train' (the NL2SQL cold start): pool prompts that selection never measured and whose gold SQL
+  no measured or RS prompt has (the three training databases per domain share one wording, and the English and
+  Korean question share their SQL); the held-out split is the default and anything else a config error."""
+  import ml_collections
+  from luckystar import config as config_lib
+  from luckystar import tokenizer as tokenizer_lib
+  from luckystar.data import suites
+  from luckystar.data.examples import rs_only
+  config = ml_collections.ConfigDict(dict(seed=0, rlvr=dict(
+      tasks=('nl2sql',), max_prompt_tokens=384, selection_prompts={'nl2sql': 48}, eval_split='train')))
+  tok = tokenizer_lib.default()
+  pool = rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
+  fresh = rloo.eval_pool(config, tok, pool)
+  measured = rloo.selection_candidates(pool, {'nl2sql': 48}, seed=0)
+  rs = [e for e in suites.load('nl2sql', 'train') if rs_only(e, 0)]
+  assert len(fresh) >= 64 and {e.split for e in fresh} == {'train'} and set(fresh) <= set(pool)
+  assert not {e.answer for e in fresh} & {e.answer for e in measured + rs}
+  assert {e.language for e in fresh} == {'en', 'ko'}
+  config.rlvr.eval_split = 'heldout'
+  assert {e.split for e in rloo.eval_pool(config, tok, pool)} == {'heldout'}
+  config.rlvr.eval_split = 'test'
+  with pytest.raises(config_lib.UserError, match='config.rlvr.eval_split'):
+    rloo.eval_pool(config, tok, pool)
+
+
 # ---- the stage end to end ------------------------------------------------------------------------
 
 SMOKE = 'configs/rlvr.py:smoke'

@@ -172,3 +172,16 @@ def test_metrics_resume_drops_rows_after_the_restored_step_and_plots(tmp_path):
   assert list(tmp_path.glob('events.out.tfevents.*'))
   (tmp_path / 'metrics.jsonl').write_text(json.dumps({'step': 0, 'train/loss': 1.0}) + '\n')
   assert [p.name for p in metrics.plot(tmp_path)] == ['train_loss.png']
+
+
+def test_model_overrides_replace_model_config_fields_at_init():
+  """config.model_overrides (e.g. a longer sliding window for the NL2SQL teacher) reaches random and loaded inits;
+  a name that is not a ModelConfig field is a config error naming the key."""
+  from luckystar import config as config_lib
+  config, params = state_lib.initial_model('random:tiny', ml_collections.ConfigDict(dict(sliding_window=512)))
+  assert config.sliding_window == 512 and params is None
+  config, params = state_lib.initial_model('tiny-base', {'sliding_window': 512})
+  assert config.sliding_window == 512 and config.hidden_size == 256 and params is not None
+  assert state_lib.initial_model('tiny-base')[0].sliding_window == 64
+  with pytest.raises(config_lib.UserError, match=r"config.model_overrides names \['window'\]"):
+    state_lib.initial_model('random:tiny', {'window': 512})

@@ -54,8 +54,10 @@ def _thinking(example: Example, thinking_language: str, calls_calculator: bool) 
   if example.task == 'function_calling':
     names = ', '.join(next(iter(entry)) for entry in json.loads(example.answer))
     return f'The request needs a tool call: {names}. I fill in the arguments from the question.'
-  if example.task == 'nl2sql':
-    return 'I will query the database with SQL, then answer from the result.'
+  if example.task == 'nl2sql':  # the question's values, restated next to it, are a short copy away for the query
+    values = example.meta.get('values')
+    named = f'The question names {", ".join(values)}. ' if values else ''
+    return f'{named}I will query the database with SQL, then answer from the result.'
   if calls_calculator:  # chat arithmetic (math traces carry their own thinking)
     return f'This is arithmetic; the calculator gives the exact value of {example.meta["expression"]}.'
   return f'This is a short factual question; the answer is {example.answer}.'
@@ -171,17 +173,22 @@ def base_sources(tokenizer: Tokenizer, *, seed: int = 0, split: str = 'train', t
 # ---- the rejection-sampling teacher and its traces (DESIGN §5) ---------------------------------
 
 # The teacher learns every task in reasoning mode, NL2SQL included: its gold traces run over the
-# teacher split's own databases, which the student never sees.
+# teacher split's own databases, which the student never sees, and over the extra teacher databases
+# of mixed wordings (`nl2sql.teacher_suite`) that make it read names off the schema.
 TEACHER_REASONING_TASKS = ('nl2sql', *REASONING_TASKS)
 
 
 def teacher_sources(tokenizer: Tokenizer, *, seed: int = 0, chat_tool_fraction: float = CHAT_TOOL_FRACTION
                     ) -> tuple[dict[str, list], dict[str, float]]:
   """The teacher's SFT mixture, from the 'teacher' split only (its questions and NL2SQL databases are
-  disjoint from the student's train and held-out splits): ({'reasoning': [...], 'concise': [...]},
-  DEFAULT_WEIGHTS), each element `render_example`'s dict. NL2SQL golds run through the sandbox."""
+  disjoint from the student's train and held-out splits) plus the NL2SQL of `nl2sql.teacher_suite`,
+  curated like the suites': ({'reasoning': [...], 'concise': [...]}, DEFAULT_WEIGHTS), each element
+  `render_example`'s dict. NL2SQL golds run through the sandbox."""
+  from luckystar.data import nl2sql  # builds databases; only needed here
+  extra, _ = nl2sql.curate(nl2sql.teacher_suite(seed=seed), lambda text: len(tokenizer.encode(text)))
   return sft_sources(tokenizer, seed=seed, split='teacher', reasoning_tasks=TEACHER_REASONING_TASKS,
-                     concise_tasks=CONCISE_TASKS, chat_tool_fraction=chat_tool_fraction)
+                     concise_tasks=CONCISE_TASKS, chat_tool_fraction=chat_tool_fraction,
+                     extra_reasoning=[render_example(tokenizer, e, 'reasoning') for e in extra])
 
 
 RS_TRACE_FIELDS = ('example_id', 'task', 'language', 'sample_index', 'teacher', 'mode', 'tokens', 'loss_mask')

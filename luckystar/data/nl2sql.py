@@ -211,8 +211,10 @@ def names(domain: str, instance: int) -> dict[str, str]:
   return _NAMING[domain][INSTANCES[instance][1]]
 
 
-def build_database(path: pathlib.Path, domain: str, instance: int, seed: int = 0) -> pathlib.Path:
-  """Writes one database atomically (temp file + rename); the same arguments give the same rows."""
+def build_database(path: pathlib.Path, domain: str, instance: int | str, seed: int = 0,
+                   naming: dict[str, str] | None = None) -> pathlib.Path:
+  """Writes one database atomically (temp file + rename); the same arguments give the same rows.
+  `naming` (default `names(domain, instance)`) maps the domain's logical names to physical ones."""
   rng = random.Random(f'nl2sql:{seed}:{domain}:{instance}')
   fake_ko, fake_en = faker.Faker('ko_KR'), faker.Faker('en_US')
   fake_ko.seed_instance(rng.getrandbits(32))
@@ -222,7 +224,7 @@ def build_database(path: pathlib.Path, domain: str, instance: int, seed: int = 0
   os.close(handle)
   try:
     with sqlite3.connect(tmp) as conn:
-      _BUILDERS[domain](conn, names(domain, instance), rng, fake_ko, fake_en)
+      _BUILDERS[domain](conn, naming or names(domain, instance), rng, fake_ko, fake_en)
     conn.close()
     os.replace(tmp, path)
   finally:
@@ -241,10 +243,12 @@ def _tables(path: pathlib.Path) -> set[str]:
     conn.close()
 
 
+_TABLE_KEYS = {'sales': ('customers', 'orders', 'products', 'items'), 'hr': ('departments', 'employees'),
+               'finance': ('accounts', 'transactions'), 'inventory': ('suppliers', 'items', 'stock')}
+
+
 def _expected_tables(domain: str, instance: int) -> set[str]:
-  table_keys = {'sales': ('customers', 'orders', 'products', 'items'), 'hr': ('departments', 'employees'),
-                'finance': ('accounts', 'transactions'), 'inventory': ('suppliers', 'items', 'stock')}[domain]
-  return {names(domain, instance)[key] for key in table_keys}
+  return {names(domain, instance)[key] for key in _TABLE_KEYS[domain]}
 
 
 def build_databases(directory: str | pathlib.Path | None = None, seed: int = 0) -> dict[str, pathlib.Path]:
@@ -412,25 +416,32 @@ def generate(db_paths: dict[str, pathlib.Path], per_template: int = 30, seed: in
   rng = random.Random(f'nl2sql-questions:{seed}')
   for name, path in sorted(db_paths.items()):
     domain, instance = name.rsplit('_', 1)
-    n = names(domain, int(instance))
-    schema = sql_tool.schema(path)
-    conn = sqlite3.connect(f'file:{path}?mode=ro', uri=True)  # our own database: values for the templates
-    try:
-      for index, template in enumerate(t for t in TEMPLATES if t.domain == domain):
-        for _ in range(per_template):
-          values = template.values(rng, conn, n)
-          if any(v is None for v in values.values()):
-            continue
-          sql = template.sql.format_map({**_format_names(n), **values})  # value slots win over names
-          for language, text in (('en', template.en), ('ko', template.ko)):
-            prompt = text.format(**values)
-            yield Example(
-                id=f'nl2sql-{name}-{index}-{language}-{rng.getrandbits(32):08x}', task='nl2sql',
-                language=language, split=INSTANCES[int(instance)][0], prompt=prompt, answer=sql,
-                system=f'SQLite database `{name}`:\n{schema}', difficulty=template.difficulty,
-                meta={'db_id': name, 'db_path': str(path), 'template': index})
-    finally:
-      conn.close()
+    yield from _questions(name, path, domain, names(domain, int(instance)), INSTANCES[int(instance)][0], rng,
+                          per_template)
+
+
+def _questions(name: str, path: pathlib.Path, domain: str, n: dict[str, str], split: str, rng: random.Random,
+               per_template: int) -> Iterator[Example]:
+  """`per_template` draws of each of the domain's templates over one database, in both languages."""
+  schema = sql_tool.schema(path)
+  conn = sqlite3.connect(f'file:{path}?mode=ro', uri=True)  # our own database: values for the templates
+  try:
+    for index, template in enumerate(t for t in TEMPLATES if t.domain == domain):
+      for _ in range(per_template):
+        values = template.values(rng, conn, n)
+        if any(v is None for v in values.values()):
+          continue
+        sql = template.sql.format_map({**_format_names(n), **values})  # value slots win over names
+        for language, text in (('en', template.en), ('ko', template.ko)):
+          prompt = text.format(**values)
+          yield Example(
+              id=f'nl2sql-{name}-{index}-{language}-{rng.getrandbits(32):08x}', task='nl2sql',
+              language=language, split=split, prompt=prompt, answer=sql,
+              system=f'SQLite database `{name}`:\n{schema}', difficulty=template.difficulty,
+              meta={'db_id': name, 'db_path': str(path), 'template': index,
+                    'values': [str(v) for v in values.values()]})
+  finally:
+    conn.close()
 
 
 def suite(db_paths: dict[str, pathlib.Path] | None = None, per_template: int = 30, seed: int = 0
@@ -445,6 +456,49 @@ def suite(db_paths: dict[str, pathlib.Path] | None = None, per_template: int = 3
     taken.update(e.prompt for e in here)
     kept += here
   return kept
+
+
+# ---- the teacher's extra databases (DESIGN §5) ------------------------------------------------------
+# A teacher trained on one wording per domain learns its table and column names by heart and cannot
+# query a database it has never seen (the tiny teacher's pass@8 on the student's NL2SQL was 0%). So
+# the teacher also trains on TEACHER_WORDINGS more databases per domain, each with its own rows and its
+# own mix of the domain's wordings: every logical name is drawn from the three wordings, so a query is
+# right only if the names are read off the schema in the prompt. No mix equals a student database's
+# wording whole, and no question text of a student split is kept, so no teacher prompt is a student's.
+
+TEACHER_WORDINGS = 32
+
+
+def teacher_wordings(domain: str, count: int = TEACHER_WORDINGS, seed: int = 0) -> list[dict[str, str]]:
+  """`count` distinct mixed wordings of `domain` (logical → physical names), none equal to an instance's."""
+  rng = random.Random(f'nl2sql-teacher-wordings:{seed}:{domain}')
+  variants = _NAMING[domain]
+  taken = {tuple(sorted(v.items())) for v in variants}
+  wordings = []
+  while len(wordings) < count:
+    wording = {key: rng.choice([v[key] for v in variants]) for key in variants[0]}
+    if (frozen := tuple(sorted(wording.items()))) not in taken:
+      taken.add(frozen)
+      wordings.append(wording)
+  return wordings
+
+
+def teacher_suite(directory: str | pathlib.Path | None = None, *, count: int = TEACHER_WORDINGS,
+                  per_template: int = 6, seed: int = 0) -> list[Example]:
+  """Questions (split 'teacher') over `count` extra teacher databases per domain, `<dir>/<domain>_t<k>/`,
+  built on first use; question texts of the student's train and held-out splits are dropped."""
+  directory = pathlib.Path(directory or default_dir())
+  student = {e.prompt for e in suite(build_databases(directory, seed), seed=seed) if e.split != 'teacher'}
+  rng = random.Random(f'nl2sql-teacher-questions:{seed}')
+  examples = []
+  for domain in DOMAINS:
+    for k, wording in enumerate(teacher_wordings(domain, count, seed)):
+      name = f'{domain}_t{k}'
+      path = directory / name / f'{name}.sqlite'
+      if not path.is_file() or _tables(path) != {wording[key] for key in _TABLE_KEYS[domain]}:
+        build_database(path, domain, f't{k}', seed, naming=wording)
+      examples += _questions(name, path, domain, wording, 'teacher', rng, per_template)
+  return [e for e in dedupe(examples) if e.prompt not in student]
 
 
 # ---- curation (DESIGN §5) ----------------------------------------------------------------------

@@ -239,7 +239,7 @@ def _write_atomically(path: pathlib.Path, text: str) -> None:
 def load_teacher(config) -> tuple[model.ModelConfig, Any]:
   """(model config, params) of `config.init_from`; 'random:<size>' initialises from `config.seed`
   (an untrained teacher: for smoke tests only)."""
-  model_config, params = state_lib.initial_model(config.init_from)
+  model_config, params = state_lib.initial_model(config.init_from, config.get('model_overrides'))
   if params is None:
     params = model.init(model_config, jax.random.key(config.seed))
   return model_config, params

@@ -336,6 +336,26 @@ def eval_settings(config) -> evals_core.Settings:
                              batch_size=settings.eval_batch_size, seed=config.seed)
 
 
+EVAL_SPLITS = ('heldout', 'train')
+
+
+def eval_pool(config, tokenizer: Tokenizer, pool: Sequence[Example]) -> list[Example]:
+  """Where the held-out eval draws from (`config.rlvr.eval_split`). 'heldout': the held-out split (for
+  NL2SQL, databases no training split has). 'train': new questions over the training databases, i.e.
+  train prompts (`pool`, RS prompts already out) that prompt selection never measured and whose gold
+  answer no measured or RS prompt has (the three training databases per domain share one wording, so a
+  question text repeats over them with the same gold SQL)."""
+  settings = config.rlvr
+  if settings.eval_split not in EVAL_SPLITS:
+    raise config_lib.UserError(f'config.rlvr.eval_split={settings.eval_split!r}; expected one of {EVAL_SPLITS}')
+  if settings.eval_split == 'heldout':
+    return prompt_pool(settings, 'heldout', tokenizer, seed=config.seed)
+  measured = selection_candidates(pool, settings.selection_prompts, config.seed)
+  rs = [e for task in settings.tasks for e in suites.load(task, 'train', seed=config.seed) if rs_only(e, config.seed)]
+  seen_ids, seen_answers = {e.id for e in measured}, {(e.task, e.answer) for e in (*measured, *rs)}
+  return [e for e in pool if e.id not in seen_ids and (e.task, e.answer) not in seen_answers]
+
+
 def eval_examples(selected: Sequence[Example], heldout: Sequence[Example], count: int, seed: int) -> list[Example]:
   """`count` held-out prompts with the (task, language) mix of `selected` (`allocate`: a group with too
   few held-out prompts gives its share to the others), fixed by `seed`; disjoint from RL and RS prompts,
@@ -372,8 +392,7 @@ def run(config, workdir: str) -> None:
   pool = prompt_pool(settings, 'train', tokenizer, seed=config.seed)
   with sharding.activate(mesh):  # rollouts and their KV cache split over the mesh's batch devices
     selected = select_prompts(config, workdir, model_config, state.params, tokenizer, pool)
-  heldout = eval_examples(selected, prompt_pool(settings, 'heldout', tokenizer, seed=config.seed),
-                          settings.eval_prompts, config.seed)
+  heldout = eval_examples(selected, eval_pool(config, tokenizer, pool), settings.eval_prompts, config.seed)
   greedy_settings = eval_settings(config)
 
   sampled_settings = dataclasses.replace(greedy_settings, temperature=config.sampling.temperature,

@@ -110,6 +110,9 @@ def synthetic_sources(seed: int, split: str, *, vocab_size: int, per_source: int
   return sources
 
 
+RS_SOURCE = 'rs'  # config.sft.mixture key of the rejection-sampled traces as a source of their own
+
+
 def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vocab_size: int
             ) -> tuple[dict[str, list], dict[str, float]]:
   """(sources, weights) of rendered conversations of `split`, named by `config.sft.data`;
@@ -128,8 +131,17 @@ def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vo
     rs_traces = config.sft.get('rs_traces', '')
     extra = (conversations.read_rs_traces(rs_traces, vocab_size=tokenizer.vocab_size)
              if rs_traces and split == 'train' else ())  # RS prompts are train prompts: never in eval
-    raw, weights = conversations.sft_sources(tokenizer, seed=config.seed, split=split, extra_reasoning=extra,
+    # The traces join 'reasoning' (sampled like any reasoning conversation), or, when config.sft.mixture names
+    # an 'rs' source, are that source with its own weight (a few hundred traces among ~8000 conversations).
+    own_source = RS_SOURCE in (config.sft.mixture or {})
+    if own_source and split == 'train' and not extra:
+      raise config_lib.UserError(f'config.sft.mixture gives the {RS_SOURCE!r} source a weight, but '
+                                 f'config.sft.rs_traces={rs_traces!r} has no traces')
+    raw, weights = conversations.sft_sources(tokenizer, seed=config.seed, split=split,
+                                             extra_reasoning=() if own_source else extra,
                                              thinking_language=thinking, chat_tool_fraction=fraction)
+    if own_source:
+      raw[RS_SOURCE] = list(extra)
   elif config.sft.data == 'teacher':  # the teacher split; held-out eval on the same tasks
     raw, weights = (conversations.teacher_sources(tokenizer, seed=config.seed, chat_tool_fraction=fraction)
                     if split == 'train' else

@@ -43,14 +43,18 @@ def check_vocab(init_from: str, model_config: model.ModelConfig, tokenizer: Any)
                                f'fewer than the tokenizer\'s {tokenizer.vocab_size}')
 
 
-def initial_model(init_from: str) -> tuple[model.ModelConfig, Any | None]:
-  """(model config, params) named by `config.init_from`; params None means random init."""
+def initial_model(init_from: str, overrides: Any = None) -> tuple[model.ModelConfig, Any | None]:
+  """(model config, params) named by `config.init_from`, with `config.model_overrides` (ModelConfig
+  fields) replaced; params None means random init."""
+  overrides = dict(overrides or {})
+  if unknown := set(overrides) - set(model.ModelConfig.__dataclass_fields__):
+    raise config_lib.UserError(f'config.model_overrides names {sorted(unknown)}, which are not ModelConfig fields')
   if init_from.startswith(RANDOM_INIT_PREFIX):
     try:
-      return model.get(init_from[len(RANDOM_INIT_PREFIX):]), None
+      return model.get(init_from[len(RANDOM_INIT_PREFIX):], **overrides), None
     except ValueError as e:
       raise ValueError(f'config.init_from={init_from!r}: {e}') from None
-  loaded = luckystar.load(init_from)  # bundled name, run/checkpoint directory or transformers directory
+  loaded = luckystar.load(init_from, **overrides)  # bundled name, run/checkpoint directory or transformers directory
   return loaded.config, loaded.params
 
 
@@ -113,7 +117,7 @@ def start(config, tokenizer: Any, *, updates_per_step: int = 1) -> Start:
   """What every training stage builds first: the model of `config.init_from` (its vocabulary checked
   against `tokenizer`; None for token-only data), the mesh of `config.mesh`, the optimizer
   (`optim.make`) and the sharded train state holding the initial params."""
-  model_config, params = initial_model(config.init_from)
+  model_config, params = initial_model(config.init_from, config.get('model_overrides'))
   check_vocab(config.init_from, model_config, tokenizer)
   mesh = sharding.make_mesh(dict(config.mesh))
   optimizer = optim.make(config, updates_per_step)

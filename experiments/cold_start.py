@@ -1,0 +1,68 @@
+"""The NL2SQL cold start (paper §2.3, issue 5): RLOO from the base model gets no reward signal; after
+rejection-sampled SFT it does, and held-out NL2SQL improves.
+
+    python experiments/cold_start.py                                  # ~60 min on 2 CPU cores
+    python experiments/cold_start.py --workdir=/tmp/cold-start --override=pipeline.stages.nl2sql_from_sft.total_steps=32
+
+(with luckystar installed, `pip install -e .`, or PYTHONPATH=. from the repository root)
+
+Runs the user's command, `python -m luckystar.main --config=configs/pipeline.py:cold_start --workdir=W`
+(re-running resumes the first unfinished stage): a tiny teacher trained on its own databases
+(`nl2sql.teacher_suite`: mixed schema wordings, never a student prompt) → best-of-8 from it on the
+student's RS-only NL2SQL prompts → `tiny-sft` fine-tuned with the kept traces in its hybrid mixture →
+RLOO on NL2SQL from `tiny-base`, from `tiny-sft` (no traces) and from that SFT. Then reads the stages'
+outputs and writes experiments/cold_start.md: the teacher's pass@1/pass@8, the zero-variance-group
+fraction and RL-batch correctness per arm, held-out NL2SQL (new questions over the training databases,
+`rloo.eval_pool`) at step 0 and at the end, and the unseen held-out databases after RL.
+"""
+
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import sweep  # noqa: E402  (experiments/sweep.py)
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+REPORT = ROOT / 'experiments' / 'cold_start.md'
+CONFIG = 'configs/pipeline.py:cold_start'
+ARMS = ('nl2sql_from_base', 'nl2sql_from_tiny_sft', 'nl2sql_from_sft')
+
+
+def _per_step(workdir: pathlib.Path, arm: str) -> list[str]:
+  rows = sweep.read_metrics(workdir / arm)
+  train = [r for r in rows if 'train/zero_variance_groups' in r]
+  return [f'{100 * r["train/correctness"]:.0f}/{100 * r["train/zero_variance_groups"]:.0f}' for r in train]
+
+
+def report(workdir: pathlib.Path, overrides: list[str], seconds: float) -> str:
+  results = json.loads((workdir / 'report.json').read_text())
+  finding = next(f for f in results['findings'] if f['title'].startswith('Cold start'))
+  stats = json.loads((workdir / 'rejection_sampling' / 'rs_stats.json').read_text())
+  pct = lambda v: f'{100 * v:.1f}'
+  lines = [
+      '# Cold start: RLOO on NL2SQL from the base model vs after rejection-sampled SFT', '',
+      f'Written by `python experiments/cold_start.py{"".join(" --override=" + o for o in overrides)}`: '
+      f'`{CONFIG}`, seed {results.get("seed", 0)}; {seconds / 60:.1f} min on this machine (this invocation; '
+      f'about 0 if it only re-read a finished run), {results["total_wall_s"] / 60:.1f} min of stage wall time.', '',
+      '## The teacher\'s best-of-8 on the student\'s RS-only NL2SQL prompts', '',
+      f'| group | prompts | pass@1 % | pass@{stats["settings"]["samples_per_prompt"]} % | prompts with a kept trace | '
+      'kept traces |', '|---|---|---|---|---|---|']
+  lines += [f'| {key} | {g["prompts"]} | {pct(g["pass@1"])} | {pct(g["pass@N"])} | {g["prompts_with_kept_trace"]} | '
+            f'{g["kept_traces"]} |' for key, g in stats['groups'].items()]
+  lines += ['', '## RLOO on NL2SQL, three starting policies', '',
+            '| ' + ' | '.join(finding['header']) + ' |', '|' + '---|' * len(finding['header'])]
+  lines += ['| ' + ' | '.join(f'{v:.1f}' if isinstance(v, float) else str(v) for v in row) + ' |'
+            for row in finding['rows']]
+  lines += ['', 'RL-batch correctness / zero-variance groups (%) per step:', '']
+  lines += [f'- `{arm}`: {" · ".join(_per_step(workdir, arm))}' for arm in ARMS if (workdir / arm).is_dir()]
+  lines += ['', f'Reproduced: **{"yes" if finding["reproduced"] else "no"}**. {finding["verdict"]}.', '']
+  return '\n'.join(lines)
+
+
+def main() -> None:
+  sweep.run_and_report(__doc__, CONFIG, '/tmp/luckystar-cold-start', REPORT, report)
+
+
+if __name__ == '__main__':
+  main()

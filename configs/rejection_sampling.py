@@ -4,17 +4,19 @@
     python -m luckystar.main --config=configs/sft.py --workdir=/tmp/luckystar-sft \
         --config.sft.rs_traces=/tmp/luckystar-rs/rs_traces.jsonl      # the traces join hybrid SFT
 
-Best-of-8 at temperature 1.0 from `teacher` (`configs/sft.py:teacher`: the `small` size trained on
-the teacher split's own databases and questions) over the student's RS-only train prompts: every
+Best-of-8 at temperature 1.0 from `teacher` (`configs/sft.py:teacher`: `tiny-base` with a full
+512-token attention window, trained 800 steps on the teacher split's own databases and questions plus
+32 mixed-wording teacher databases per domain) over the student's RS-only train prompts: every
 NL2SQL prompt in both languages (156) and Korean math of difficulty 2 (238), the SQL run in the
 sandbox. Keeps every verified-correct trace, deduplicated; for Korean prompts only English thinking
 with a Korean response. Writes rs_traces.jsonl, rs_stats.json and rs_stats.md (pass@1 and pass@8 per
 task and language, kept traces per prompt, drops by the Korean language filter); re-running on the
 same workdir reuses them.
-No `teacher` is bundled (the `small` one takes ~5.5 h of CPU): pass --config.init_from=<teacher run dir>.
-Measured inside configs/pipeline.py (a `tiny` teacher, 400 SFT steps from `tiny-base` on the teacher
-split; 64 prompts per task × 8 samples of ≤ 192 tokens): 2.3 min on 2 CPU cores; pass@8 0% on NL2SQL
-(the tiny teacher does not carry SQL over to the student's unseen databases) and 9.4% on Korean math.
+No `teacher` is bundled (training one takes ~33 min on 2 CPU cores): pass --config.init_from=<teacher
+run dir>, or run `configs/pipeline.py:cold_start`, which trains it first. Measured there
+(experiments/cold_start.md, NL2SQL prompts only): pass@1 0.2%, pass@8 1.3% (2 of 156 prompts, 2 traces
+kept; Korean 0%): the teacher reads the schema names of databases it never saw, but does not copy the
+question's values into its query.
 
 `:smoke` (tests): an untrained `tiny` teacher, 1 prompt per task × 2 samples of ≤ 16 tokens; it
 keeps nothing, but runs every step and writes every file.

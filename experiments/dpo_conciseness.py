@@ -38,8 +38,9 @@ def eval_rows(workdir: pathlib.Path) -> tuple[dict, dict]:
 
 def report(workdir: pathlib.Path, overrides: list[str], seconds: float) -> str:
   start, end = eval_rows(workdir)
-  pairs = json.loads((workdir / 'dpo_pairs.json').read_text())
   config = json.loads((workdir / 'config.json').read_text())
+  pairs_file = config['dpo']['pairs_file']  # pairs built by another run: its summary sits beside them
+  pairs = json.loads(((pathlib.Path(pairs_file).parent if pairs_file else workdir) / 'dpo_pairs.json').read_text())
   pct = lambda v: f'{100 * v:.1f}'
   lines = [
       '# Offline DPO for conciseness', '',
@@ -57,6 +58,11 @@ def report(workdir: pathlib.Path, overrides: list[str], seconds: float) -> str:
     correct0, correct1 = start[f'eval/{mode}/correctness'], end[f'eval/{mode}/correctness']
     lines.append(f'| {mode}: mean response length (tokens) | {length0:.1f} | {length1:.1f} | '
                  f'{100 * (length1 - length0) / length0:+.1f}% |')
+    for task in config['dpo']['task_eval']['tasks']:
+      key = f'eval/{mode}/response_length/{task}'
+      if key in start and key in end:
+        lines.append(f'| … {task} | {start[key]:.1f} | {end[key]:.1f} | '
+                     f'{100 * (end[key] - start[key]) / start[key]:+.1f}% |')
     lines.append(f'| {mode}: correctness (%) | {pct(correct0)} | {pct(correct1)} | '
                  f'{100 * (correct1 - correct0):+.1f} points |')
     for task in config['dpo']['task_eval']['tasks']:

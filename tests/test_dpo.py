@@ -181,8 +181,8 @@ def test_build_pairs_kinds_limits_and_provenance(monkeypatch):
   def fake_generate_and_score(model_config, params, tokenizer_, batch, prompts, rng, *, samples_per_prompt, **kwargs):
     assert samples_per_prompt == 4 and kwargs['sampling_settings'].temperature == 1.0
     return [[_scored(e, tokenizer, e.answer, correct=True),                                   # short: no pair
-             _scored(e, tokenizer, e.answer, correct=True, thinking=long_thinking),            # verbose: a pair
-             _scored(e, tokenizer, 'Wrong.', correct=False, thinking=long_thinking),           # verbose, limit 1
+             _scored(e, tokenizer, 'Wrong.', correct=False, thinking=long_thinking),           # verbose, wrong
+             _scored(e, tokenizer, e.answer, correct=True, thinking=long_thinking),            # verbose: the pair
              _scored(e, tokenizer, 'Wrong language.', correct=False, mismatch=True)]           # language pair
             for e in batch]
 
@@ -190,8 +190,8 @@ def test_build_pairs_kinds_limits_and_provenance(monkeypatch):
   config = _config()
   pairs, summary = dpo.build_pairs(config, None, None, tokenizer, examples)
   assert [(p['example_id'], p['kind'], p['sample_index']) for p in pairs] == [
-      (examples[0].id, 'concise', 1), (examples[0].id, 'language', 3),
-      (examples[1].id, 'concise', 1), (examples[1].id, 'language', 3)]
+      (examples[0].id, 'concise', 2), (examples[0].id, 'language', 3),
+      (examples[1].id, 'concise', 2), (examples[1].id, 'language', 3)]  # a correct verbose reply first, limit 1
   assert summary['pairs']['concise']['pairs'] == 2 and summary['pairs']['concise']['rejected_correct'] == 1.0
   for pair in pairs:
     prompt = rollouts.render_prompt(tokenizer, examples[[e.id for e in examples].index(pair['example_id'])], 'concise')
@@ -201,16 +201,48 @@ def test_build_pairs_kinds_limits_and_provenance(monkeypatch):
     assert pair['rejected_length'] == sum(pair['rejected_loss_mask'])
     assert pair['sampling'] == dict(config.sampling) and pair['mode'] == 'concise' and pair['policy'] == config.init_from
     if pair['kind'] == 'concise':
-      assert pair['rejected_length'] >= max(1.5 * pair['chosen_length'], pair['chosen_length'] + 8)
-  assert pairs[0]['chosen_text'] == examples[0].response
+      assert pair['rejected_length'] >= max(config.dpo.verbose_min_ratio * pair['chosen_length'],
+                                            pair['chosen_length'] + config.dpo.verbose_min_extra)
+  assert [pairs[0]['chosen_text'], pairs[2]['chosen_text']] == [dpo.direct_response(e) for e in examples]
 
 
 def test_an_unverifiable_reference_reply_is_not_chosen():
   tokenizer = tokenizer_lib.default()
   example = suites.load('math', 'train')[0]
-  assert dpo.chosen_reply(tokenizer, example, 'concise') is not None
+  assert dpo.chosen_reply(tokenizer, example, 'concise', 'reference') is not None
   wrong = dataclasses.replace(example, response='The answer is 1234567.')
-  assert dpo.chosen_reply(tokenizer, wrong, 'concise') is None
+  assert dpo.chosen_reply(tokenizer, wrong, 'concise', 'reference') is None
+  assert dpo.chosen_reply(tokenizer, wrong, 'concise', 'direct')['text'] == dpo.direct_response(example)
+  with pytest.raises(config_lib.UserError, match='config.dpo.chosen'):
+    dpo.chosen_reply(tokenizer, example, 'concise', 'shortest')
+
+
+@pytest.mark.parametrize('task', dpo.DIRECT_TASKS)
+def test_the_direct_answer_is_verified_and_shorter_than_the_reference_reply(task):
+  tokenizer = tokenizer_lib.default()
+  examples = {e.language: e for e in suites.load(task, 'train')}  # one per language
+  for language, example in examples.items():
+    direct = dpo.chosen_reply(tokenizer, example, 'concise', 'direct')
+    reference = dpo.chosen_reply(tokenizer, example, 'concise', 'reference')
+    assert direct is not None and direct['text'] == dpo.direct_response(example), (language, direct)
+    assert direct['loss_mask'].sum() <= reference['loss_mask'].sum()
+    assert example.answer in direct['text']
+  assert dpo.direct_response(examples['ko']).endswith(('입니다.', f'정답: {examples["ko"].answer}'))
+  if task == 'korean_mc':  # the letter alone: the filled-in sentence the reference restates is gone
+    example = examples['ko']
+    assert dpo.direct_response(example) == f'정답: {example.answer}' != example.response
+
+
+def test_the_with_math_variant_adds_math_pairs_and_changes_nothing_else():
+  default, with_math = _config().to_dict(), _config('with_math').to_dict()
+  assert 'math' not in default['dpo']['tasks'] and tuple(with_math['dpo']['tasks']) == (*default['dpo']['tasks'], 'math')
+  with_math['dpo']['tasks'] = default['dpo']['tasks']
+  assert with_math == default
+
+
+def test_a_task_without_a_direct_answer_is_a_clear_error():
+  with pytest.raises(config_lib.UserError, match="task 'nl2sql'"):
+    dpo.direct_response(suites.load('nl2sql', 'train')[0])
 
 
 def test_a_malformed_pair_file_names_its_line(tmp_path):

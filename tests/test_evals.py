@@ -19,7 +19,7 @@ def test_evaluate_reports_every_metric_for_a_random_model():
   metrics = core.evaluate(config, params, tok, settings)
   for mode in ('reasoning', 'concise'):
     for name in ('correctness', 'language_mismatch', 'response_length', 'thinking_rate', 'format_ok',
-                 'unscorable', 'correctness/math', 'correctness/nl2sql/ko', 'correctness/en'):
+                 'unscorable', 'correctness/math', 'correctness/nl2sql/ko', 'correctness/en', 'response_length/nl2sql'):
       assert f'eval/{mode}/{name}' in metrics, (mode, name)
   assert metrics['eval/reasoning/hybrid_format'] == 0.0 and 'eval/reasoning/hybrid_format/ko' in metrics
   assert metrics['eval/correctness'] == metrics['eval/reasoning/correctness']

@@ -6,6 +6,7 @@ correctness is pass@1 at that temperature), the tool loop on (NL2SQL runs its SQ
 
     eval/<m>/correctness, eval/<m>/correctness/<task>, eval/<m>/correctness/<language>,
     eval/<m>/correctness/<task>/<language>, eval/<m>/language_mismatch, eval/<m>/response_length,
+    eval/<m>/response_length/<task>,
     eval/<m>/thinking_rate, eval/<m>/format_ok, eval/<m>/unscorable,
     eval/reasoning/hybrid_format, eval/reasoning/hybrid_format/<language>
 
@@ -107,6 +108,9 @@ def summarize(results: Sequence[tuple[Example, Any, reward.Verdict]], mode: str)
   metrics.update({f'{prefix}/correctness/{key}': mean(values) for key, values in sorted(groups.items())})
   metrics[f'{prefix}/language_mismatch'] = korean_mismatch_rate(results)
   metrics[f'{prefix}/response_length'] = mean(int(np.sum(r.loss_mask)) for _, r, _ in results)
+  for task in sorted({e.task for e, _, _ in results}):
+    metrics[f'{prefix}/response_length/{task}'] = mean(int(np.sum(r.loss_mask))
+                                                       for e, r, _ in results if e.task == task)
   metrics[f'{prefix}/thinking_rate'] = mean(r.thinking is not None for _, r, _ in results)
   metrics[f'{prefix}/format_ok'] = mean(v.format_ok for _, _, v in results)
   metrics[f'{prefix}/unscorable'] = float(len(results) - len(scored))

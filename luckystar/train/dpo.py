@@ -23,12 +23,15 @@ The stage (`run`):
   1. Pairs (`build_pairs`): `pair_prompts` seeded train prompts of `config.dpo.tasks` (math up to
      `math_max_difficulty`: short math) are sampled `samples_per_prompt` times by the starting policy
      in each of `config.dpo.modes` (default concise) at `config.sampling`, the policy's normal settings.
-     chosen = the example's reference reply rendered in that mode (`conversations.render_example`),
-     kept only if the task's verifier scores it correct and in the prompt's language. rejected = one
+     chosen = a direct correct answer (`config.dpo.chosen='direct'`, `direct_response`: the answer
+     alone, '정답: C' rather than the filled-in sentence and then the letter; 'reference': the example's
+     reference reply), rendered in that mode (`conversations.render_example`), kept only if the task's
+     verifier scores it correct and in the prompt's language. rejected = one
      of the policy's own samples: kind 'language' when its response is in the wrong language
      (`Verdict.language_mismatch`), else kind 'concise' (concise mode only) when its reply is at least
      `verbose_min_ratio` × and `verbose_min_extra` tokens longer than the chosen one. At most
-     `pairs_per_prompt` pairs per prompt, mode and kind, the first qualifying samples. Written to
+     `pairs_per_prompt` pairs per prompt, mode and kind: the first qualifying samples, correct ones
+     first (such a pair differs in length, not in the answer). Written to
      `workdir/dpo_pairs.jsonl` (one pair per line with its provenance: example id, task, language,
      kind, mode, policy, sampling settings, sample index, lengths, whether the rejected reply was
      correct, its stop reason and text) and `workdir/dpo_pairs.json` (the config fingerprint and
@@ -49,6 +52,7 @@ together when `accumulate_gradients` splits rows into micro-batches.
 """
 
 import collections
+import dataclasses
 import functools
 import hashlib
 import json
@@ -75,6 +79,8 @@ from luckystar.train import state as state_lib
 from luckystar.train import step as step_lib
 
 LOSS_TYPES = ('sigmoid', 'robust', 'ipo')
+CHOSEN_STYLES = ('direct', 'reference')
+DIRECT_TASKS = ('korean_mc', 'chat', 'math')
 PAIRS_FILE = 'dpo_pairs.jsonl'
 PAIRS_SUMMARY = 'dpo_pairs.json'      # fingerprint and counts; written last: the pairs are complete
 REFERENCE_FILE = 'dpo_reference.npz'  # {'key': str, 'logps': [pairs, 2]}
@@ -204,9 +210,27 @@ def pair_prompts(settings: Any, tokenizer: Tokenizer, *, seed: int) -> list[Exam
   return [pool[i] for i in sorted(order)]
 
 
-def chosen_reply(tokenizer: Tokenizer, example: Example, mode: str) -> dict[str, Any] | None:
-  """The example's reference reply rendered in `mode` ({'tokens', 'loss_mask', 'text'}), or None when
-  the task's verifier does not score its response correct and in the prompt's language."""
+def direct_response(example: Example) -> str:
+  """The answer alone, in the prompt's language: 'chosen = a direct correct answer' (paper §2.5). The
+  multiple-choice letter without the filled-in sentence before it ('정답: C'), the short reference of a
+  chat question or the final answer of a math problem ('Berlin.', '베를린입니다.', '34.', '34입니다.')."""
+  if example.task == 'korean_mc':
+    return f'정답: {example.answer}'
+  if example.task in ('chat', 'math'):
+    return f'{example.answer}입니다.' if example.language == 'ko' else f'{example.answer}.'
+  raise config_lib.UserError(f"config.dpo.chosen='direct' has no direct answer for task {example.task!r}; "
+                             f"use tasks from {DIRECT_TASKS} or config.dpo.chosen='reference'")
+
+
+def chosen_reply(tokenizer: Tokenizer, example: Example, mode: str, style: str = 'direct') -> dict[str, Any] | None:
+  """The chosen reply rendered in `mode` ({'tokens', 'loss_mask', 'text'}): the example's reference reply
+  ('reference') or its answer alone (`direct_response`, 'direct'), with the reference thinking in
+  reasoning mode; None when the task's verifier does not score its response correct and in the
+  prompt's language."""
+  if style not in CHOSEN_STYLES:
+    raise config_lib.UserError(f'config.dpo.chosen={style!r}; expected one of {CHOSEN_STYLES}')
+  if style == 'direct':
+    example = dataclasses.replace(example, response=direct_response(example))
   rendered = conversations.render_example(tokenizer, example, mode)
   prompt_length = len(rollouts.render_prompt(tokenizer, example, mode))
   turn = tokenizer.parse_assistant(rendered['tokens'][prompt_length:].tolist())
@@ -234,9 +258,9 @@ def pairs_fingerprint(config) -> dict[str, Any]:
   settings = config.dpo
   return json.loads(json.dumps({
       'init_from': config.init_from, 'seed': config.seed, 'sampling': dict(config.sampling),
-      **{key: settings[key] for key in ('tasks', 'modes', 'math_max_difficulty', 'max_prompt_tokens', 'pair_prompts',
-                                        'samples_per_prompt', 'pairs_per_prompt', 'verbose_min_ratio',
-                                        'verbose_min_extra', 'sampling_batch')}}))
+      **{key: settings[key] for key in ('chosen', 'tasks', 'modes', 'math_max_difficulty', 'max_prompt_tokens',
+                                        'pair_prompts', 'samples_per_prompt', 'pairs_per_prompt',
+                                        'verbose_min_ratio', 'verbose_min_extra', 'sampling_batch')}}))
 
 
 def build_pairs(config, model_config: model.ModelConfig, params: Any, tokenizer: Tokenizer,
@@ -246,7 +270,7 @@ def build_pairs(config, model_config: model.ModelConfig, params: Any, tokenizer:
   pairs, counts = [], collections.Counter()
   rng, chunk = jax.random.key(config.seed), max(1, settings.sampling_batch // settings.samples_per_prompt)
   for mode_index, mode in enumerate(settings.modes):
-    chosen = {e.id: chosen_reply(tokenizer, e, mode) for e in examples}
+    chosen = {e.id: chosen_reply(tokenizer, e, mode, settings.chosen) for e in examples}
     counts[f'{mode}/chosen_unverified'] += sum(c is None for c in chosen.values())
     usable = [e for e in examples if chosen[e.id] is not None]
     for start in tqdm.trange(0, len(usable), chunk, desc=f'DPO pairs ({mode})', unit='batch',
@@ -265,7 +289,9 @@ def build_pairs(config, model_config: model.ModelConfig, params: Any, tokenizer:
         chosen_length = int(reply['loss_mask'].sum())
         made = collections.Counter()
         counts[f'{mode}/samples'] += len(group)
-        for index, scored in enumerate(group):
+        # A correct verbose reply first: then the pair differs in length and not in the answer.
+        for index in sorted(range(len(group)), key=lambda i: not group[i].verdict.correct):
+          scored = group[index]
           kind = pair_kind(mode, chosen_length, scored, settings)
           if kind is None or made[kind] >= settings.pairs_per_prompt:
             continue

@@ -22,8 +22,10 @@ experiments/sweeps/dpo_with_math.md).
 Starts from `tiny-rlvr` (DESIGN §7; --config.init_from takes any policy, e.g. an RLVR run directory).
 `python experiments/dpo_conciseness.py` runs it and writes experiments/dpo_conciseness.md. Measured on
 2 CPU cores: ≈ 4.5 min, 434 pairs; concise Korean MC replies 36% shorter (11.8 → 7.5 tokens) but
-11.7 points less often right, because `tiny-rlvr`'s 'verbose' MC reply (the filled-in sentence, then
-the letter) is how it finds the letter; the other concise replies were short already (see the report).
+11.7 points less often right: after 60 steps `tiny-rlvr` still finds the letter through its 'verbose'
+MC reply (the filled-in sentence, then the letter). 240 steps recover MC correctness (19.5% at 6.0
+tokens) but cost reasoning mode 13 points (README "Offline DPO"); the other concise replies were short
+already (see the report).
 
 `:with_math` adds short math to the pair tasks (the ablation behind the paragraph above).
 

@@ -6,7 +6,7 @@
 (with luckystar installed, `pip install -e .`, or PYTHONPATH=. from the repository root)
 
 The stage's own code, wired as `luckystar.train.dpo.run` wires it: configs/dpo.py (sigmoid loss,
-β = 0.1, AdamW with clipping and the non-finite guard) with init_from='random:<size>' and
+β = 0.1, no RPO term, AdamW with clipping and the non-finite guard) with init_from='random:<size>' and
 batch_size=--pairs; the update is `step.make_update_fn(dpo.loss_fn, ..., denominator='pairs')`, one
 jitted program: a forward and backward of the 2·pairs rows (chosen and rejected), the loss, the
 optimizer. Each pair is --prompt_tokens random prompt tokens (loss mask 0) followed by a chosen and a
@@ -49,10 +49,12 @@ GOAL_SECONDS = 0.3
 
 
 def stage_config(size: str, pairs: int):
-  """configs/dpo.py on a random model of `size`, `pairs` pairs per step."""
+  """configs/dpo.py on a random model of `size`, `pairs` pairs per step, without the RPO term: plain
+  DPO, as TRL's DPOTrainer runs by default (rpo_alpha=None)."""
   config = config_lib.from_file(DPO_CONFIG)
   config.init_from = f'random:{size}'
   config.batch_size = pairs
+  config.dpo.sft_weight = 0.0
   return config
 
 

@@ -41,6 +41,7 @@ def report(workdir: pathlib.Path, overrides: list[str], seconds: float) -> str:
   config = json.loads((workdir / 'config.json').read_text())
   pairs_file = config['dpo']['pairs_file']  # pairs built by another run: its summary sits beside them
   pairs = json.loads(((pathlib.Path(pairs_file).parent if pairs_file else workdir) / 'dpo_pairs.json').read_text())
+  tasks = config['dpo']['task_eval']['tasks']
   pct = lambda v: f'{100 * v:.1f}'
   lines = [
       '# Offline DPO for conciseness', '',
@@ -50,25 +51,24 @@ def report(workdir: pathlib.Path, overrides: list[str], seconds: float) -> str:
       f'seed {config["seed"]}; {seconds / 60:.1f} min on this machine (this invocation; 0 if it only re-read a '
       'finished run). Held-out eval: greedy, the first '
       f'{config["dpo"]["task_eval"]["per_task_language"]} held-out prompts per task and language of '
-      f'{", ".join(config["dpo"]["task_eval"]["tasks"])}.', '',
+      f'{", ".join(tasks)}.', '',
       '| metric | before (step 0) | after DPO | change |', '|---|---|---|---|']
+
+  def rows(mode, name, label, value, change, unit=''):
+    """The `eval/<mode>/<name>` row (before, after, change + `unit`), then one row per eval task."""
+    head = f'eval/{mode}/{name}'
+    out = [f'| {mode}: {label} | {value(start[head])} | {value(end[head])} | {change(start[head], end[head])}{unit} |']
+    out += [f'| … {task} | {value(start[key])} | {value(end[key])} | {change(start[key], end[key])} |'
+            for task in tasks if (key := f'{head}/{task}') in start and key in end]
+    return out
+
   checks = []
   for mode in MODES:
     length0, length1 = start[f'eval/{mode}/response_length'], end[f'eval/{mode}/response_length']
     correct0, correct1 = start[f'eval/{mode}/correctness'], end[f'eval/{mode}/correctness']
-    lines.append(f'| {mode}: mean response length (tokens) | {length0:.1f} | {length1:.1f} | '
-                 f'{100 * (length1 - length0) / length0:+.1f}% |')
-    for task in config['dpo']['task_eval']['tasks']:
-      key = f'eval/{mode}/response_length/{task}'
-      if key in start and key in end:
-        lines.append(f'| … {task} | {start[key]:.1f} | {end[key]:.1f} | '
-                     f'{100 * (end[key] - start[key]) / start[key]:+.1f}% |')
-    lines.append(f'| {mode}: correctness (%) | {pct(correct0)} | {pct(correct1)} | '
-                 f'{100 * (correct1 - correct0):+.1f} points |')
-    for task in config['dpo']['task_eval']['tasks']:
-      key = f'eval/{mode}/correctness/{task}'
-      if key in start and key in end:
-        lines.append(f'| … {task} | {pct(start[key])} | {pct(end[key])} | {100 * (end[key] - start[key]):+.1f} |')
+    lines += rows(mode, 'response_length', 'mean response length (tokens)', lambda v: f'{v:.1f}',
+                  lambda a, b: f'{100 * (b - a) / a:+.1f}%')
+    lines += rows(mode, 'correctness', 'correctness (%)', pct, lambda a, b: f'{100 * (b - a):+.1f}', ' points')
     checks.append((f'{mode} correctness within {100 * CORRECTNESS_SLACK:.0f} points',
                    correct1 >= correct0 - CORRECTNESS_SLACK - 1e-9))
     if mode == 'concise':

@@ -216,7 +216,7 @@ def direct_response(example: Example) -> str:
   chat question or the final answer of a math problem ('Berlin.', '베를린입니다.', '34.', '34입니다.')."""
   if example.task == 'korean_mc':
     return f'정답: {example.answer}'
-  if example.task in ('chat', 'math'):
+  if example.task in DIRECT_TASKS:  # chat, math
     return f'{example.answer}입니다.' if example.language == 'ko' else f'{example.answer}.'
   raise config_lib.UserError(f"config.dpo.chosen='direct' has no direct answer for task {example.task!r}; "
                              f"use tasks from {DIRECT_TASKS} or config.dpo.chosen='reference'")

@@ -7,25 +7,33 @@ Samples the starting policy 4 times on 512 short train prompts (Korean MC, chat)
 its normal sampling settings (temperature 1.0, as RLVR samples it) and pairs a direct correct answer
 (chosen: the answer alone, '정답: C' or 'Berlin.', verified; `dpo.chosen='reference'` takes the SFT
 reference reply instead) against one of those samples that is ≥ 1.5× and ≥ 3 tokens longer, a correct
-one first (kind 'concise'), or that answers in the wrong language (kind 'language'); pairs go to
-workdir/dpo_pairs.jsonl (+ dpo_pairs.json, their counts and config fingerprint). Reference log-probs of
-the starting params are computed once and cached in workdir/dpo_reference.npz. Then sigmoid DPO with
-β = 0.1 plus the chosen reply's NLL (RPO, weight 1) at 1e-4, a tenth of SFT's rate; held-out
-correctness and response length in both modes (`eval/*`, 128 prompts per task and language of Korean
-MC, chat and math) at step 0 and at the end. Re-running the same command on the same workdir resumes
-(and reuses the pairs and the reference log-probs).
+one first (kind 'concise'), or that answers in the wrong language (kind 'language'). It also samples 512
+train prompts of Korean MC, chat and math in reasoning mode, with the calculator, and keeps each prompt's
+first correct reply as an anchor row (kind 'anchor'), trained by its NLL so that reasoning mode stays
+where it was while the pairs move concise mode. Pairs and anchors go to workdir/dpo_pairs.jsonl
+(+ dpo_pairs.json, their counts and config fingerprint). Reference log-probs of the starting params are
+computed once and cached in workdir/dpo_reference.npz. Then sigmoid DPO with β = 0.1, plus the chosen
+reply's NLL (RPO, weight 2) and the anchors' NLL (weight 1), at 1e-4, a tenth of SFT's rate, for 240
+steps. Held-out correctness and response length in both modes (`eval/*`, 128 prompts per task and
+language of Korean MC, chat and math) are logged at step 0 and at the end. Re-running the same command
+on the same workdir resumes (and reuses the pairs and the reference log-probs).
 
-Math is not among the pair tasks: concise math's verbose reply ('The answer is 35.') is the reasoning
-mode's final reply, and pairs against it took reasoning-mode math from 97.7% to 85.5% (`:with_math`;
-experiments/sweeps/dpo_with_math.md).
+Math is not among the pair tasks. The policy cannot do arithmetic without thinking, so a direct math answer
+is a number it would have to guess. Pairs against its concise math reply ('The answer is 35.') took
+reasoning-mode math from 97.7% to 85.5% without anchors (`:with_math`, experiments/sweeps/dpo_with_math.md)
+and to 89–93% with them (experiments/sweeps/dpo_anchors.md).
 
 Starts from `tiny-rlvr` (DESIGN §7; --config.init_from takes any policy, e.g. an RLVR run directory).
-`python experiments/dpo_conciseness.py` runs it and writes experiments/dpo_conciseness.md. Measured on
-2 CPU cores: ≈ 4.5 min, 434 pairs; concise Korean MC replies 36% shorter (11.8 → 7.5 tokens) but
-11.7 points less often right: after 60 steps `tiny-rlvr` still finds the letter through its 'verbose'
-MC reply (the filled-in sentence, then the letter). 240 steps recover MC correctness (19.5% at 6.0
-tokens) but cost reasoning mode 13 points (README "Offline DPO"); the other concise replies were short
-already (see the report).
+`python experiments/dpo_conciseness.py` runs it and writes experiments/dpo_conciseness.md. Measured on 2 CPU
+cores, ≈ 17 min (pairs and anchors 6 min, training 8 min, the two evals 2.5 min), 434 pairs and 327 anchor
+rows:
+- concise replies to the concise-style prompts (Korean MC, chat) are 40% shorter (10.5 → 6.3 tokens; Korean MC
+  answers with the letter alone);
+- concise correctness is not kept: 21.6% → 12.6% on those prompts, 9.6% → 5.8% over all eval tasks. The
+  letter alone is harder for it than the sentence (Korean MC 21.9% → 10.2%);
+- reasoning-mode correctness 65.2% → 63.2% (−2.02 points, one prompt of 446 past the 2-point bound; chat and
+  Korean MC unchanged, math 97.7% → 94.1%).
+Without anchors, the same pairs at 240 steps cost reasoning mode 13 points.
 
 `:with_math` adds short math to the pair tasks (the ablation behind the paragraph above).
 
@@ -41,26 +49,31 @@ from luckystar import config as config_lib
 def get_config(arg=None):
   config = config_lib.base('dpo')
   config.init_from = 'tiny-rlvr'         # the post-RL policy (DESIGN §7)
-  config.total_steps = 60                # ≈ 2 epochs of ~250 pairs at batch 8
+  config.total_steps = 240               # ≈ 2.5 epochs of 434 pairs + 327 anchor rows at batch 8
   config.batch_size = 8                  # pairs per step (all processes)
   config.learning_rate = 1e-4            # low: a tenth of SFT's 1e-3; 1e-5 moves no greedy reply
   config.warmup_steps = 5
   config.log_every = 1
   config.eval_every = 0                  # held-out eval at step 0 and at the end only
-  config.checkpoint_every = 10
+  config.checkpoint_every = 40
   config.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=128))
   config.dpo = ml_collections.ConfigDict(dict(
       # The loss (luckystar.train.dpo docstring).
       loss_type='sigmoid',               # or 'robust' (rDPO), 'ipo'
       beta=0.1,
       label_smoothing=0.0,               # ε: cDPO for 'sigmoid', rDPO's flip rate for 'robust'
-      sft_weight=1.0,                    # + weight · the chosen reply's per-token NLL (RPO): lifts it
+      sft_weight=2.0,                    # + weight · the chosen reply's per-token NLL (RPO): lifts it
       # Pairs: the policy's own verbose / wrong-language replies vs. verified reference replies.
       pairs_file='',                     # a dpo_pairs.jsonl made elsewhere; '' = build them in the workdir
       chosen='direct',                   # the answer alone ('정답: C'); 'reference': the SFT reference reply
       tasks=('korean_mc', 'chat'),       # concise-style prompts; concise math's verbose reply is the reasoning reply
       math_max_difficulty=1,             # short math only
       modes=('concise',),                # 'reasoning' adds language pairs in reasoning mode
+      anchor_modes=('reasoning',),       # + on pair_prompts prompts of anchor_tasks, the policy's own first
+      anchor_tasks=('korean_mc', 'chat', 'math'),   # correct reply in these modes, trained by its per-token
+      anchor_weight=1.0,                 # NLL at this weight: keeps that mode where it was (≈ KL to the start)
+      max_tool_turns=2,                  # the tool loop while sampling (reasoning mode calls the calculator)
+      max_tool_result_tokens=96,
       pair_prompts=512,                  # train prompts sampled
       samples_per_prompt=4,
       pairs_per_prompt=1,                # per prompt, mode and kind

@@ -114,6 +114,21 @@ def test_loss_fn_on_the_fixture_batch(fixed_logits, loss_type, label_smoothing, 
     np.testing.assert_allclose(aux[name], value, rtol=1e-5, err_msg=name)
 
 
+def test_an_anchor_row_adds_only_its_weighted_nll_and_stays_out_of_the_pair_metrics(fixed_logits):
+  batch = {**_fixture_batch(), 'anchor': np.array([0, 1], np.int32)}   # row 1: an anchor
+  loss, aux = dpo.loss_fn(None, batch, None, model_config=MICRO, beta=0.1, sft_weight=0.5, anchor_weight=2.0)
+  logps = _hand_logps(fixed_logits, batch)
+  h = (logps[0, 0] - batch['reference_logps'][0, 0]) - (logps[0, 1] - batch['reference_logps'][0, 1])
+  nll = -logps[:, 0] / np.array([2, 4])                                # response tokens of each chosen reply
+  # Row 0: DPO + 0.5 · NLL; row 1: 2 · its NLL, no preference term; the mean over both rows.
+  np.testing.assert_allclose(loss, (np.log1p(np.exp(-0.1 * h)) + 0.5 * nll[0] + 2.0 * nll[1]) / 2, rtol=1e-5)
+  rewards = 0.1 * (logps[0] - batch['reference_logps'][0])
+  for name, value in {'rewards/chosen': rewards[0], 'rewards/margins': rewards[0] - rewards[1],
+                      'logps/rejected': logps[0, 1], 'sft_loss': nll[0], 'anchor_loss': nll[1], 'anchor_rows': 1.0,
+                      'response_length/chosen': 2.0, 'pairs': 2.0}.items():
+    np.testing.assert_allclose(aux[name], value, rtol=1e-5, err_msg=name)
+
+
 def test_prompt_and_tool_tokens_never_contribute(fixed_logits, monkeypatch):
   batch = _fixture_batch()
   loss, aux = dpo.loss_fn(None, batch, None, model_config=MICRO, sft_weight=0.5)
@@ -204,6 +219,40 @@ def test_build_pairs_kinds_limits_and_provenance(monkeypatch):
       assert pair['rejected_length'] >= max(config.dpo.verbose_min_ratio * pair['chosen_length'],
                                             pair['chosen_length'] + config.dpo.verbose_min_extra)
   assert [pairs[0]['chosen_text'], pairs[2]['chosen_text']] == [dpo.direct_response(e) for e in examples]
+
+
+def test_anchor_rows_hold_the_first_correct_finished_reply_in_the_prompt_language(monkeypatch):
+  tokenizer = tokenizer_lib.default()
+  examples = [suites.load('math', 'train')[0], suites.load('chat', 'train')[0]]
+  thinking = 'I add the numbers.'
+
+  def fake_generate_and_score(model_config, params, tokenizer_, batch, prompts, rng, **kwargs):
+    assert kwargs['max_tool_turns'] == 2     # reasoning mode calls the calculator
+    groups = []
+    for e in batch:
+      overlong = _scored(e, tokenizer, e.answer, correct=True, thinking=thinking)
+      overlong = dataclasses.replace(overlong, rollout=dataclasses.replace(overlong.rollout, stop_reason='overlong'))
+      groups.append([_scored(e, tokenizer, 'Wrong.', correct=False, thinking=thinking), overlong,
+                     _scored(e, tokenizer, e.answer, correct=True, mismatch=True, thinking=thinking),
+                     _scored(e, tokenizer, e.answer, correct=True, thinking=thinking),       # the anchor
+                     _scored(e, tokenizer, e.answer, correct=True)])
+    return groups
+
+  monkeypatch.setattr(rollouts, 'generate_and_score', fake_generate_and_score)
+  config = _config()
+  config.dpo.anchor_modes = ('reasoning',)
+  pairs, summary = dpo.build_pairs(config, None, None, tokenizer, [], examples)   # anchors only
+  assert [(p['example_id'], p['kind'], p['mode'], p['sample_index']) for p in pairs] == [
+      (e.id, 'anchor', 'reasoning', 3) for e in examples]
+  assert summary['sampling']['reasoning/anchor'] == 2 and 'all' not in summary['pairs']
+  for pair, example in zip(pairs, examples):
+    prompt = rollouts.render_prompt(tokenizer, example, 'reasoning')
+    assert pair['chosen_tokens'] == pair['rejected_tokens'] and pair['chosen_tokens'][:len(prompt)] == prompt
+    assert pair['chosen_loss_mask'] == pair['rejected_loss_mask'] == [0] * len(prompt) + [1] * (
+        len(pair['chosen_tokens']) - len(prompt))
+    assert example.answer in pair['chosen_text'] and pair['chosen_text'] == pair['rejected_text']
+  batch = dpo.pair_batch(pairs + [_pair([2, 3], [2, 4], [0, 1], [0, 1], kind='concise')], [0, 2], length_multiple=8)
+  assert batch['anchor'].tolist() == [1, 0]
 
 
 def test_an_unverifiable_reference_reply_is_not_chosen():

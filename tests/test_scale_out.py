@@ -43,8 +43,8 @@ def rloo_batch(rng):
 
 def dpo_batch(rng):
   pairs = []
-  for _ in range(ROWS):
-    sides = {}
+  for row in range(ROWS):
+    sides = {'kind': dpo.ANCHOR if row % 3 == 2 else 'concise'}   # anchor rows too
     for side in dpo.SIDES:
       n = int(rng.integers(6, LENGTH + 1))
       sides[f'{side}_tokens'] = rng.integers(1, MICRO.vocab_size, n).tolist()
@@ -58,7 +58,8 @@ STAGES = {  # loss, denominator, batch maker
     'sft': (functools.partial(sft.loss_fn, model_config=MICRO), 'tokens', sft_batch),
     'rloo': (functools.partial(rloo.loss_fn, model_config=MICRO, temperature=0.7, clip_epsilon=0.2), 'tokens',
              rloo_batch),
-    'dpo': (functools.partial(dpo.loss_fn, model_config=MICRO, beta=0.1, sft_weight=0.5), 'pairs', dpo_batch),
+    'dpo': (functools.partial(dpo.loss_fn, model_config=MICRO, beta=0.1, sft_weight=0.5, anchor_weight=2.0), 'pairs',
+            dpo_batch),
 }
 
 

@@ -14,8 +14,14 @@ each log-prob summed over the response tokens of the chosen (c) and rejected (r)
                                                                (TRL's IPO averages them per token instead)
 
 plus, with `sft_weight` w > 0, w · (−log π(y_c) / |y_c|): the chosen reply's per-token NLL (RPO,
-Pang et al. 2024; TRL's `rpo_alpha`). Each term is a mean over pairs, so the loss is
-Σ over pairs / pairs and gradient accumulation stays exact (`step.accumulate_gradients`, denominator
+Pang et al. 2024; TRL's `rpo_alpha`). Anchor rows (kind 'anchor', `anchor_modes`) hold one of the
+starting policy's own verified-correct replies y_a instead of a pair and add anchor_weight ·
+(−log π(y_a) / |y_a|) and no preference term: on samples of the reference that is, up to a constant,
+a Monte Carlo estimate of KL(π_ref ‖ π) on those prompts (restricted to its correct replies), a
+regulariser that needs no reference model in memory. It keeps the other mode where it was while the
+pairs move this one: without it, concise-mode pairs cost the small policy's reasoning mode 13 points
+(experiments/sweeps/dpo_anchors.md). Each term is a mean over rows (pairs and anchors), so the loss is
+Σ over rows / rows and gradient accumulation stays exact (`step.accumulate_gradients`, denominator
 'pairs'). Only response tokens count (`loss_mask`, as `Tokenizer.render` and the sampler lay it out):
 prompt and tool-result tokens have weight 0 in every log-prob here.
 
@@ -36,7 +42,11 @@ The stage (`run`):
      kind, mode, policy, sampling settings, sample index, lengths, whether the rejected reply was
      correct, its stop reason and text) and `workdir/dpo_pairs.json` (the config fingerprint and
      counts; written last). A re-run reuses them; a changed config fingerprint is an error.
-     `config.dpo.pairs_file` reads a pair file made elsewhere instead.
+     `config.dpo.pairs_file` reads a pair file made elsewhere instead. Anchors: `pair_prompts` train
+     prompts of `config.dpo.anchor_tasks` are sampled the same way in each of `config.dpo.anchor_modes`
+     (default reasoning), and each prompt's first sample that is correct, in the prompt's language and
+     finished becomes an anchor row. Sampling runs the tool loop (`max_tool_turns`): reasoning mode
+     calls the calculator.
   2. Reference log-probs (`reference_logps`): summed response log-probs of every pair under the
      starting params, computed once before training and cached in `workdir/dpo_reference.npz` under a
      key that hashes the params (every leaf's bytes) and the pairs' tokens and masks; a run with the
@@ -47,7 +57,8 @@ The stage (`run`):
      command on the same workdir resumes.
 
 Batches: tokens, positions, segment_ids, loss_mask [B, 2, T] int (axis 1: chosen, rejected; rows
-right-padded with segment 0) and reference_logps [B, 2] float. Keeping a pair in one row keeps it
+right-padded with segment 0), anchor [B] int (1: an anchor row, its reply in both halves) and
+reference_logps [B, 2] float. Keeping a pair in one row keeps it
 together when `accumulate_gradients` splits rows into micro-batches.
 """
 
@@ -86,6 +97,8 @@ PAIRS_SUMMARY = 'dpo_pairs.json'      # fingerprint and counts; written last: th
 REFERENCE_FILE = 'dpo_reference.npz'  # {'key': str, 'logps': [pairs, 2]}
 FEATURES = ('tokens', 'loss_mask')
 SIDES = ('chosen', 'rejected')
+ANCHOR = 'anchor'                     # the kind of a row that holds one of the policy's own replies twice
+ANCHOR_STREAM = 1000                  # anchor sampling's RNG stream: fold_in(key(seed), ANCHOR_STREAM + mode index)
 
 
 # ---- the loss ------------------------------------------------------------------------------------
@@ -133,14 +146,17 @@ _jitted_pair_logps = jax.jit(pair_logps, static_argnums=0)
 
 def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, *, model_config: model.ModelConfig,
             beta: float = 0.1, loss_type: str = 'sigmoid', label_smoothing: float = 0.0,
-            sft_weight: float = 0.0) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Mean over pairs of `preference_losses` (+ sft_weight · the chosen reply's per-token NLL).
+            sft_weight: float = 0.0, anchor_weight: float = 0.0) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Mean over rows of `preference_losses` + sft_weight · the chosen reply's per-token NLL on preference
+  rows, and of anchor_weight · the anchor reply's per-token NLL on anchor rows.
 
-  batch: tokens, positions, segment_ids, loss_mask [B, 2, T]; reference_logps [B, 2] (see the module
-  docstring). aux, named as TRL names them: rewards/chosen and rewards/rejected (β·(log π − log π_ref)),
+  batch: tokens, positions, segment_ids, loss_mask [B, 2, T]; reference_logps [B, 2]; optionally
+  anchor [B] (1: an anchor row, its reply in both halves; see the module docstring). aux over the
+  preference rows, named as TRL names them: rewards/chosen and rewards/rejected (β·(log π − log π_ref)),
   rewards/margins (their difference), rewards/accuracies (chosen reward > rejected reward),
   logps/chosen, logps/rejected (summed response log-probs), response_length/chosen and /rejected
-  (response tokens), sft_loss (the NLL term before its weight), loss, and pairs (the denominator).
+  (response tokens), sft_loss (the NLL term before its weight); anchor_loss (the anchors' NLL) and
+  anchor_rows; loss, and pairs (the denominator: rows).
   """
   del rng  # deterministic
   logps = pair_logps(model_config, params, batch)                       # [B, 2]
@@ -148,15 +164,25 @@ def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, 
   losses = preference_losses(logratios[:, 0], logratios[:, 1], beta=beta, loss_type=loss_type,
                              label_smoothing=label_smoothing)
   lengths = batch['loss_mask'][:, :, 1:].sum(-1).astype(jnp.float32)   # [B, 2]: scored response tokens
-  sft_loss = (-logps[:, 0] / jnp.maximum(lengths[:, 0], 1.0)).mean()
-  loss = losses.mean() + (sft_weight * sft_loss if sft_weight else 0.0)
+  nll = -logps[:, 0] / jnp.maximum(lengths[:, 0], 1.0)                  # [B]: the chosen reply's per-token NLL
+  anchor = batch['anchor'].astype(jnp.float32) if 'anchor' in batch else jnp.zeros_like(nll)   # [B]
+  preference = 1.0 - anchor
+  # Every row's term over all rows: the denominator stays the row count, so accumulation is exact.
+  loss = (preference * (losses + sft_weight * nll) + anchor_weight * anchor * nll).mean()
+
+  def over(weights, values):  # the mean of `values` over the rows `weights` selects (0 for none)
+    return (weights * values).sum() / jnp.maximum(weights.sum(), 1.0)
+
   rewards = beta * jax.lax.stop_gradient(logratios)
-  aux = {'loss': loss, 'rewards/chosen': rewards[:, 0].mean(), 'rewards/rejected': rewards[:, 1].mean(),
-         'rewards/margins': (rewards[:, 0] - rewards[:, 1]).mean(),
-         'rewards/accuracies': (rewards[:, 0] > rewards[:, 1]).astype(jnp.float32).mean(),
-         'logps/chosen': logps[:, 0].mean(), 'logps/rejected': logps[:, 1].mean(),
-         'response_length/chosen': lengths[:, 0].mean(), 'response_length/rejected': lengths[:, 1].mean(),
-         'sft_loss': sft_loss, 'pairs': jnp.asarray(logps.shape[0], jnp.float32)}
+  aux = {'loss': loss, 'rewards/chosen': over(preference, rewards[:, 0]),
+         'rewards/rejected': over(preference, rewards[:, 1]),
+         'rewards/margins': over(preference, rewards[:, 0] - rewards[:, 1]),
+         'rewards/accuracies': over(preference, (rewards[:, 0] > rewards[:, 1]).astype(jnp.float32)),
+         'logps/chosen': over(preference, logps[:, 0]), 'logps/rejected': over(preference, logps[:, 1]),
+         'response_length/chosen': over(preference, lengths[:, 0]),
+         'response_length/rejected': over(preference, lengths[:, 1]),
+         'sft_loss': over(preference, nll), 'anchor_loss': over(anchor, nll), 'anchor_rows': anchor.sum(),
+         'pairs': jnp.asarray(logps.shape[0], jnp.float32)}
   return loss, aux
 
 
@@ -179,6 +205,7 @@ def pair_batch(pairs: Sequence[Mapping[str, Any]], indices: Sequence[int], refer
       batch['loss_mask'][b, s, :n] = row[f'{side}_loss_mask']
       batch['positions'][b, s, :n] = np.arange(n)
       batch['segment_ids'][b, s, :n] = 1
+  batch['anchor'] = np.asarray([row.get('kind') == ANCHOR for row in rows], np.int32)
   if reference is not None:
     batch['reference_logps'] = np.asarray(reference, np.float32)[np.asarray(indices, np.int64)]
   return batch
@@ -199,13 +226,16 @@ def training_batches(pairs: Sequence[Mapping[str, Any]], reference: np.ndarray, 
 # ---- pairs --------------------------------------------------------------------------------------------
 
 
-def pair_prompts(settings: Any, tokenizer: Tokenizer, *, seed: int) -> list[Example]:
-  """`settings.pair_prompts` seeded train prompts of `settings.tasks` (math up to
-  `settings.math_max_difficulty`) whose prompt fits `settings.max_prompt_tokens` in every mode."""
-  pool = [e for task in settings.tasks for e in suites.load(task, 'train', seed=seed)
+def pair_prompts(settings: Any, tokenizer: Tokenizer, *, seed: int, tasks: Sequence[str] | None = None,
+                 modes: Sequence[str] | None = None) -> list[Example]:
+  """`settings.pair_prompts` seeded train prompts of `tasks` (default `settings.tasks`; math up to
+  `settings.math_max_difficulty`) whose prompt fits `settings.max_prompt_tokens` in every one of `modes`
+  (default `settings.modes`)."""
+  tasks = settings.tasks if tasks is None else tasks
+  modes = settings.modes if modes is None else modes
+  pool = [e for task in tasks for e in suites.load(task, 'train', seed=seed)
           if (task != 'math' or e.difficulty <= settings.math_max_difficulty)
-          and all(len(rollouts.render_prompt(tokenizer, e, mode)) <= settings.max_prompt_tokens
-                  for mode in settings.modes)]
+          and all(len(rollouts.render_prompt(tokenizer, e, mode)) <= settings.max_prompt_tokens for mode in modes)]
   order = np.random.default_rng([seed, 31]).permutation(len(pool))[:settings.pair_prompts]
   return [pool[i] for i in sorted(order)]
 
@@ -258,65 +288,101 @@ def pairs_fingerprint(config) -> dict[str, Any]:
   settings = config.dpo
   return json.loads(json.dumps({
       'init_from': config.init_from, 'seed': config.seed, 'sampling': dict(config.sampling),
-      **{key: settings[key] for key in ('chosen', 'tasks', 'modes', 'math_max_difficulty', 'max_prompt_tokens',
-                                        'pair_prompts', 'samples_per_prompt', 'pairs_per_prompt',
-                                        'verbose_min_ratio', 'verbose_min_extra', 'sampling_batch')}}))
+      **{key: settings[key] for key in ('chosen', 'tasks', 'modes', 'anchor_modes', 'anchor_tasks',
+                                        'math_max_difficulty', 'max_prompt_tokens', 'pair_prompts',
+                                        'samples_per_prompt', 'pairs_per_prompt', 'verbose_min_ratio',
+                                        'verbose_min_extra', 'max_tool_turns', 'max_tool_result_tokens',
+                                        'sampling_batch')}}))
+
+
+def record(config, example: Example, *, kind: str, mode: str, index: int, prompt: Sequence[int],
+           scored: rollouts.Scored, chosen: Mapping[str, Any] | None, tokenizer: Tokenizer) -> dict[str, Any]:
+  """One row of the pair file with its provenance: the `chosen` reply ({tokens, loss_mask, length,
+  text}) against the sample `scored`, or for an anchor row (chosen None) the sample twice."""
+  rollout = scored.rollout
+  sample = {'tokens': [*prompt, *rollout.token_ids.tolist()],
+            'loss_mask': [0] * len(prompt) + rollout.loss_mask.tolist(), 'length': int(rollout.loss_mask.sum()),
+            'text': tokenizer.decode(rollout.token_ids[rollout.loss_mask > 0])}
+  chosen = sample if chosen is None else chosen
+  return {
+      'example_id': example.id, 'task': example.task, 'language': example.language, 'kind': kind, 'mode': mode,
+      'policy': config.init_from, 'sampling': dict(config.sampling), 'sample_index': index,
+      'prompt_length': len(prompt), 'chosen_length': chosen['length'], 'rejected_length': sample['length'],
+      'rejected_correct': scored.verdict.correct, 'rejected_stop_reason': rollout.stop_reason,
+      'chosen_text': chosen['text'], 'rejected_text': sample['text'],
+      'chosen_tokens': list(chosen['tokens']), 'chosen_loss_mask': list(chosen['loss_mask']),
+      'rejected_tokens': sample['tokens'], 'rejected_loss_mask': sample['loss_mask']}
+
+
+def sampled(config, model_config: model.ModelConfig, params: Any, tokenizer: Tokenizer, examples: Sequence[Example],
+            mode: str, rng: jax.Array, desc: str):
+  """(example, prompt, [samples_per_prompt scored rollouts]) for each of `examples` in `mode`, sampled by
+  the policy `params` at `config.sampling` with the tool loop, `config.dpo.sampling_batch` rows a call."""
+  settings = config.dpo
+  chunk = max(1, settings.sampling_batch // settings.samples_per_prompt)
+  for start in tqdm.trange(0, len(examples), chunk, desc=desc, unit='batch', disable=jax.process_index() != 0):
+    batch = examples[start:start + chunk]
+    prompts = [rollouts.render_prompt(tokenizer, e, mode) for e in batch]
+    groups = rollouts.generate_and_score(
+        model_config, params, tokenizer, batch, prompts, jax.random.fold_in(rng, start),
+        samples_per_prompt=settings.samples_per_prompt, sampling_settings=config.sampling,
+        max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
+        language_penalty=0.0, drop_overlong=False)
+    yield from zip(batch, prompts, groups)
 
 
 def build_pairs(config, model_config: model.ModelConfig, params: Any, tokenizer: Tokenizer,
-                examples: Sequence[Example]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-  """(pair records, counts) from samples of the policy `params` (module docstring, step 1)."""
-  settings, sampling_settings = config.dpo, dict(config.sampling)
+                examples: Sequence[Example], anchor_examples: Sequence[Example] = ()
+                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+  """(pair records, counts) from samples of the policy `params` (module docstring, step 1): preference
+  pairs on `examples`, anchor rows on `anchor_examples`."""
+  settings = config.dpo
   pairs, counts = [], collections.Counter()
-  rng, chunk = jax.random.key(config.seed), max(1, settings.sampling_batch // settings.samples_per_prompt)
+  rng = jax.random.key(config.seed)
   for mode_index, mode in enumerate(settings.modes):
     chosen = {e.id: chosen_reply(tokenizer, e, mode, settings.chosen) for e in examples}
     counts[f'{mode}/chosen_unverified'] += sum(c is None for c in chosen.values())
     usable = [e for e in examples if chosen[e.id] is not None]
-    for start in tqdm.trange(0, len(usable), chunk, desc=f'DPO pairs ({mode})', unit='batch',
-                             disable=jax.process_index() != 0):
-      batch = usable[start:start + chunk]
-      prompts = [rollouts.render_prompt(tokenizer, e, mode) for e in batch]
-      chunk_rng = jax.random.fold_in(jax.random.fold_in(rng, mode_index), start)
-      groups = rollouts.generate_and_score(
-          model_config, params, tokenizer, batch, prompts, chunk_rng,
-          samples_per_prompt=settings.samples_per_prompt, sampling_settings=config.sampling, max_tool_turns=0,
-          max_tool_result_tokens=0, language_penalty=0.0, drop_overlong=False)
-      for example, prompt, group in zip(batch, prompts, groups):
-        reply = chosen[example.id]
-        if reply['tokens'][:len(prompt)].tolist() != prompt:  # one chat template for both replies
-          raise ValueError(f'example {example.id}: the rendered reference reply does not start with its prompt')
-        chosen_length = int(reply['loss_mask'].sum())
-        made = collections.Counter()
-        counts[f'{mode}/samples'] += len(group)
-        # A correct verbose reply first: then the pair differs in length and not in the answer.
-        for index in sorted(range(len(group)), key=lambda i: not group[i].verdict.correct):
-          scored = group[index]
-          kind = pair_kind(mode, chosen_length, scored, settings)
-          if kind is None or made[kind] >= settings.pairs_per_prompt:
-            continue
-          made[kind] += 1
-          counts[f'{mode}/{kind}'] += 1
-          rollout = scored.rollout
-          pairs.append({
-              'example_id': example.id, 'task': example.task, 'language': example.language, 'kind': kind,
-              'mode': mode, 'policy': config.init_from, 'sampling': sampling_settings, 'sample_index': index,
-              'prompt_length': len(prompt), 'chosen_length': chosen_length,
-              'rejected_length': int(rollout.loss_mask.sum()), 'rejected_correct': scored.verdict.correct,
-              'rejected_stop_reason': rollout.stop_reason,
-              'chosen_text': reply['text'], 'rejected_text': tokenizer.decode(rollout.token_ids[rollout.loss_mask > 0]),
-              'chosen_tokens': reply['tokens'].tolist(), 'chosen_loss_mask': reply['loss_mask'].tolist(),
-              'rejected_tokens': [*prompt, *rollout.token_ids.tolist()],
-              'rejected_loss_mask': [0] * len(prompt) + rollout.loss_mask.tolist()})
+    for example, prompt, group in sampled(config, model_config, params, tokenizer, usable, mode,
+                                          jax.random.fold_in(rng, mode_index), f'DPO pairs ({mode})'):
+      counts[f'{mode}/samples'] += len(group)
+      reply = chosen[example.id]
+      if reply['tokens'][:len(prompt)].tolist() != prompt:  # one chat template for both replies
+        raise ValueError(f'example {example.id}: the rendered reference reply does not start with its prompt')
+      reply = {'tokens': reply['tokens'].tolist(), 'loss_mask': reply['loss_mask'].tolist(),
+               'length': int(reply['loss_mask'].sum()), 'text': reply['text']}
+      made = collections.Counter()
+      # A correct verbose reply first: then the pair differs in length and not in the answer.
+      for index in sorted(range(len(group)), key=lambda i: not group[i].verdict.correct):
+        kind = pair_kind(mode, reply['length'], group[index], settings)
+        if kind is None or made[kind] >= settings.pairs_per_prompt:
+          continue
+        made[kind] += 1
+        counts[f'{mode}/{kind}'] += 1
+        pairs.append(record(config, example, kind=kind, mode=mode, index=index, prompt=prompt, scored=group[index],
+                            chosen=reply, tokenizer=tokenizer))
+  for mode_index, mode in enumerate(settings.anchor_modes):
+    for example, prompt, group in sampled(config, model_config, params, tokenizer, anchor_examples, mode,
+                                          jax.random.fold_in(rng, ANCHOR_STREAM + mode_index), f'DPO anchors ({mode})'):
+      counts[f'{mode}/anchor_samples'] += len(group)
+      # The first correct, finished reply in the prompt's language.
+      index = next((i for i, s in enumerate(group) if s.verdict.correct and not s.verdict.language_mismatch
+                    and s.rollout.finished), None)
+      if index is not None:
+        counts[f'{mode}/{ANCHOR}'] += 1
+        pairs.append(record(config, example, kind=ANCHOR, mode=mode, index=index, prompt=prompt, scored=group[index],
+                            chosen=None, tokenizer=tokenizer))
   return pairs, summarize_pairs(pairs, counts, len(examples))
 
 
 def summarize_pairs(pairs: Sequence[Mapping[str, Any]], counts: Mapping[str, int], prompts: int) -> dict[str, Any]:
-  """Counts per kind, task and language, mean lengths, and how often the rejected reply was correct."""
+  """Counts per kind, task and language, mean lengths, and how often the rejected reply was correct;
+  'all' counts the preference pairs (anchor rows are kind 'anchor')."""
   groups = collections.defaultdict(list)
   for pair in pairs:
     for key in ('all', pair['kind'], f'{pair["kind"]}/{pair["task"]}/{pair["language"]}'):
-      groups[key].append(pair)
+      if not (key == 'all' and pair['kind'] == ANCHOR):
+        groups[key].append(pair)
   return {'prompts': prompts, 'sampling': dict(counts), 'pairs': {key: {
       'pairs': len(members),
       'chosen_length': evals_core.mean(p['chosen_length'] for p in members),
@@ -385,7 +451,9 @@ def load_or_build_pairs(config, workdir: pathlib.Path, model_config: model.Model
     logging.info('DPO pairs: reusing %s (%d pairs)', pairs_path, len(pairs))
     return pairs
   examples = pair_prompts(config.dpo, tokenizer, seed=config.seed)
-  pairs, summary = build_pairs(config, model_config, params, tokenizer, examples)
+  anchor_examples = (pair_prompts(config.dpo, tokenizer, seed=config.seed, tasks=config.dpo.anchor_tasks,
+                                  modes=config.dpo.anchor_modes) if config.dpo.anchor_modes else [])
+  pairs, summary = build_pairs(config, model_config, params, tokenizer, examples, anchor_examples)
   if not pairs:
     raise config_lib.UserError(
         f'no DPO pair from {len(examples)} prompts × {config.dpo.samples_per_prompt} samples of '
@@ -490,7 +558,8 @@ def run(config, workdir: str) -> None:
     return evals_core.evaluate(model_config, jax.device_get(params), tokenizer, eval_settings)
 
   loss = functools.partial(loss_fn, model_config=model_config, beta=settings.beta, loss_type=settings.loss_type,
-                           label_smoothing=settings.label_smoothing, sft_weight=settings.sft_weight)
+                           label_smoothing=settings.label_smoothing, sft_weight=settings.sft_weight,
+                           anchor_weight=settings.anchor_weight)
   update_fn = step_lib.make_update_fn(loss, optimizer, step_lib.state_shardings_of(state), mesh=mesh,
                                       learning_rate=optim.learning_rate_schedule(config),
                                       grad_accum_steps=config.grad_accum_steps, denominator='pairs')

@@ -35,10 +35,10 @@ rows:
   Korean MC unchanged, math 97.7% → 94.1%).
 Without anchors, the same pairs at 240 steps cost reasoning mode 13 points.
 
-`:with_math` adds short math to the pair tasks (the ablation behind the paragraph above).
+`:with_math` adds short math to the pair tasks (the ablation behind the math paragraph above).
 
 `:smoke` (tests): an untrained `tiny` policy (it never stops, so every sample is verbose) on 4 math
-prompts × 2 samples of ≤ 24 tokens, 3 steps of 2 pairs, a checkpoint every step, a 1-prompt eval.
+prompts × 2 samples of ≤ 24 tokens, no anchors, 3 steps of 2 pairs, a checkpoint every step, a 1-prompt eval.
 """
 
 import ml_collections
@@ -98,6 +98,7 @@ def get_config(arg=None):
     config.sampling.max_new_tokens = 24
     config.dpo.tasks = ('math',)
     config.dpo.sft_weight = 0.0           # step 1's loss is then log 2 exactly: the policy is its reference
+    config.dpo.anchor_modes = ()          # an untrained policy has no correct reply to anchor; skip sampling for one
     config.dpo.pair_prompts = 4
     config.dpo.samples_per_prompt = 2
     config.dpo.sampling_batch = 2           # 2 rows per sampling call, as the eval's: one sampler compile

@@ -380,9 +380,9 @@ def summarize_pairs(pairs: Sequence[Mapping[str, Any]], counts: Mapping[str, int
   'all' counts the preference pairs (anchor rows are kind 'anchor')."""
   groups = collections.defaultdict(list)
   for pair in pairs:
-    for key in ('all', pair['kind'], f'{pair["kind"]}/{pair["task"]}/{pair["language"]}'):
-      if not (key == 'all' and pair['kind'] == ANCHOR):
-        groups[key].append(pair)
+    keys = [pair['kind'], f'{pair["kind"]}/{pair["task"]}/{pair["language"]}'] + ['all'] * (pair['kind'] != ANCHOR)
+    for key in keys:
+      groups[key].append(pair)
   return {'prompts': prompts, 'sampling': dict(counts), 'pairs': {key: {
       'pairs': len(members),
       'chosen_length': evals_core.mean(p['chosen_length'] for p in members),

@@ -5,18 +5,24 @@
 
 Samples the starting policy 4 times on 512 short train prompts (Korean MC, chat) in concise mode at
 its normal sampling settings (temperature 1.0, as RLVR samples it) and pairs a direct correct answer
-(chosen: the answer alone, '정답: C' or 'Berlin.', verified; `dpo.chosen='reference'` takes the SFT
-reference reply instead) against one of those samples that is ≥ 1.5× and ≥ 3 tokens longer, a correct
+(chosen: the answer alone, '를 정답: C' or 'Berlin.', verified; `dpo.chosen='reference'` takes the SFT
+reference reply instead) against one of those samples that is ≥ 1.4× and ≥ 3 tokens longer, a correct
 one first (kind 'concise'), or that answers in the wrong language (kind 'language'). It also samples 512
 train prompts of Korean MC, chat and math in reasoning mode, with the calculator, and keeps each prompt's
 first correct reply as an anchor row (kind 'anchor'), trained by its NLL so that reasoning mode stays
 where it was while the pairs move concise mode. Pairs and anchors go to workdir/dpo_pairs.jsonl
 (+ dpo_pairs.json, their counts and config fingerprint). Reference log-probs of the starting params are
 computed once and cached in workdir/dpo_reference.npz. Then sigmoid DPO with β = 0.1, plus the chosen
-reply's NLL (RPO, weight 2) and the anchors' NLL (weight 1), at 1e-4, a tenth of SFT's rate, for 240
+reply's NLL (RPO, weight 2) and the anchors' NLL (weight 1), at 1e-4, a tenth of SFT's rate, for 600
 steps. Held-out correctness and response length in both modes (`eval/*`, 128 prompts per task and
-language of Korean MC, chat and math) are logged at step 0 and at the end. Re-running the same command
-on the same workdir resumes (and reuses the pairs and the reference log-probs).
+language of Korean MC, chat and math) are logged at step 0, every 120 steps and at the end. Re-running
+the same command on the same workdir resumes (and reuses the pairs and the reference log-probs).
+
+The Korean MC chosen reply keeps the option's text before the letter ('를 정답: C', 7 tokens against the
+sentence's 11.8): the policy picks the particle right 89–96% of the time but finds its letter in the
+option list far less often, and answering with the letter alone cost it up to half its MC correctness
+(experiments/sweeps/dpo_anchors.md). Relearning that lookup in the new format takes time: MC correctness
+dips (15.6% at step 120) and recovers past the start by step 360.
 
 Math is not among the pair tasks. The policy cannot do arithmetic without thinking, so a direct math answer
 is a number it would have to guess. Pairs against its concise math reply ('The answer is 35.') took
@@ -25,15 +31,14 @@ and to 89–93% with them (experiments/sweeps/dpo_anchors.md).
 
 Starts from `tiny-rlvr` (DESIGN §7; --config.init_from takes any policy, e.g. an RLVR run directory).
 `python experiments/dpo_conciseness.py` runs it and writes experiments/dpo_conciseness.md. Measured on 2 CPU
-cores, ≈ 17 min (pairs and anchors 6 min, training 8 min, the two evals 2.5 min), 434 pairs and 327 anchor
-rows:
-- concise replies to the concise-style prompts (Korean MC, chat) are 40% shorter (10.5 → 6.3 tokens; Korean MC
-  answers with the letter alone);
-- concise correctness is not kept: 21.6% → 12.6% on those prompts, 9.6% → 5.8% over all eval tasks. The
-  letter alone is harder for it than the sentence (Korean MC 21.9% → 10.2%);
-- reasoning-mode correctness 65.2% → 63.2% (−2.02 points, one prompt of 446 past the 2-point bound; chat and
-  Korean MC unchanged, math 97.7% → 94.1%).
-Without anchors, the same pairs at 240 steps cost reasoning mode 13 points.
+cores (seed 0): about 32 min (pairs and anchors 6 min, 1.75 s a step, 1.3 min an eval; the same run on a
+360-step schedule took 28 min alone), 435 pairs and 327 anchor rows; every part of the claim holds at the end:
+- concise replies to the concise-style prompts (Korean MC, chat) are 31.1% shorter (10.5 → 7.3 tokens);
+- concise correctness 21.6% → 25.3% on those prompts (Korean MC 21.9% → 27.3%, chat 21.0% → 21.0%) and
+  9.6% → 12.1% over all eval tasks;
+- reasoning-mode correctness 65.2% → 63.9% (−1.3 points; chat −4.8, math −2.3, Korean MC +2.3).
+One seed: the same settings on a 360-step schedule ended at −2.7 points on the concise-style prompts.
+Without anchors, such pairs cost reasoning mode 13 points.
 
 `:with_math` adds short math to the pair tasks (the ablation behind the math paragraph above).
 
@@ -49,12 +54,12 @@ from luckystar import config as config_lib
 def get_config(arg=None):
   config = config_lib.base('dpo')
   config.init_from = 'tiny-rlvr'         # the post-RL policy (DESIGN §7)
-  config.total_steps = 240               # ≈ 2.5 epochs of 434 pairs + 327 anchor rows at batch 8
+  config.total_steps = 600               # ≈ 5.5 epochs of 571 pairs + 327 anchor rows at batch 8
   config.batch_size = 8                  # pairs per step (all processes)
   config.learning_rate = 1e-4            # low: a tenth of SFT's 1e-3; 1e-5 moves no greedy reply
   config.warmup_steps = 5
   config.log_every = 1
-  config.eval_every = 0                  # held-out eval at step 0 and at the end only
+  config.eval_every = 120                # held-out eval at step 0, every 120 steps and at the end
   config.checkpoint_every = 40
   config.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=128))
   config.dpo = ml_collections.ConfigDict(dict(
@@ -65,7 +70,7 @@ def get_config(arg=None):
       sft_weight=2.0,                    # + weight · the chosen reply's per-token NLL (RPO): lifts it
       # Pairs: the policy's own verbose / wrong-language replies vs. verified reference replies.
       pairs_file='',                     # a dpo_pairs.jsonl made elsewhere; '' = build them in the workdir
-      chosen='direct',                   # the answer alone ('정답: C'); 'reference': the SFT reference reply
+      chosen='direct',                   # the answer alone ('를 정답: C'); 'reference': the SFT reference reply
       tasks=('korean_mc', 'chat'),       # concise-style prompts; concise math's verbose reply is the reasoning reply
       math_max_difficulty=1,             # short math only
       modes=('concise',),                # 'reasoning' adds language pairs in reasoning mode
@@ -77,7 +82,7 @@ def get_config(arg=None):
       pair_prompts=512,                  # train prompts sampled
       samples_per_prompt=4,
       pairs_per_prompt=1,                # per prompt, mode and kind
-      verbose_min_ratio=1.5,             # 'concise' pair: rejected ≥ 1.5 × chosen response tokens ...
+      verbose_min_ratio=1.4,             # 'concise' pair: rejected ≥ 1.4 × chosen response tokens ...
       verbose_min_extra=3,               # ... and ≥ chosen + 3
       max_prompt_tokens=384,
       sampling_batch=128,                # rollouts per sampling call

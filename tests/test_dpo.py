@@ -277,9 +277,13 @@ def test_the_direct_answer_is_verified_and_shorter_than_the_reference_reply(task
     assert direct['loss_mask'].sum() <= reference['loss_mask'].sum()
     assert example.answer in direct['text']
   assert dpo.direct_response(examples['ko']).endswith(('입니다.', f'정답: {examples["ko"].answer}'))
-  if task == 'korean_mc':  # the letter alone: the filled-in sentence the reference restates is gone
+  if task == 'korean_mc':  # the chosen option and its letter: the filled-in sentence the reference restates is gone
     example = examples['ko']
-    assert dpo.direct_response(example) == f'정답: {example.answer}' != example.response
+    particle = example.meta['options']['ABCDEFGHIJ'.index(example.answer)]
+    assert particle in example.response and example.response.endswith(f'정답: {example.answer}')
+    assert dpo.direct_response(example) == f'{particle} 정답: {example.answer}' != example.response
+    without_options = dataclasses.replace(example, meta={})
+    assert dpo.direct_response(without_options) == f'정답: {example.answer}'
 
 
 def test_the_with_math_variant_adds_math_pairs_and_changes_nothing_else():

@@ -30,7 +30,7 @@ The stage (`run`):
      `math_max_difficulty`: short math) are sampled `samples_per_prompt` times by the starting policy
      in each of `config.dpo.modes` (default concise) at `config.sampling`, the policy's normal settings.
      chosen = a direct correct answer (`config.dpo.chosen='direct'`, `direct_response`: the answer
-     alone, '정답: C' rather than the filled-in sentence and then the letter; 'reference': the example's
+     alone, '를 정답: C' rather than the filled-in sentence and then the letter; 'reference': the example's
      reference reply), rendered in that mode (`conversations.render_example`), kept only if the task's
      verifier scores it correct and in the prompt's language. rejected = one
      of the policy's own samples: kind 'language' when its response is in the wrong language
@@ -83,6 +83,7 @@ from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations, pipeline, suites
 from luckystar.data.examples import Example
 from luckystar.evals import core as evals_core
+from luckystar.rewards import choice
 from luckystar.rewards import reward as reward_lib
 from luckystar.tokenizer import Tokenizer
 from luckystar.train import loop, optim, rloo, rollouts
@@ -92,6 +93,7 @@ from luckystar.train import step as step_lib
 LOSS_TYPES = ('sigmoid', 'robust', 'ipo')
 CHOSEN_STYLES = ('direct', 'reference')
 DIRECT_TASKS = ('korean_mc', 'chat', 'math')
+DIRECT_FORMAT = 2                     # direct_response's format: 1 the MC letter alone, 2 the option then the letter
 PAIRS_FILE = 'dpo_pairs.jsonl'
 PAIRS_SUMMARY = 'dpo_pairs.json'      # fingerprint and counts; written last: the pairs are complete
 REFERENCE_FILE = 'dpo_reference.npz'  # {'key': str, 'logps': [pairs, 2]}
@@ -241,11 +243,18 @@ def pair_prompts(settings: Any, tokenizer: Tokenizer, *, seed: int, tasks: Seque
 
 
 def direct_response(example: Example) -> str:
-  """The answer alone, in the prompt's language: 'chosen = a direct correct answer' (paper §2.5). The
-  multiple-choice letter without the filled-in sentence before it ('정답: C'), the short reference of a
-  chat question or the final answer of a math problem ('Berlin.', '베를린입니다.', '34.', '34입니다.')."""
+  """The answer alone, in the prompt's language: 'chosen = a direct correct answer' (paper §2.5). For
+  multiple choice, the chosen option's text and its letter without the filled-in sentence ('를 정답: C';
+  the letter alone where the example does not list its options), the short reference of a chat question
+  or the final answer of a math problem ('Berlin.', '베를린입니다.', '34.', '34입니다.').
+
+  The option's text stays because the small policy finds the letter through it: answering with the
+  letter alone, its Korean MC correctness fell from 21.9% to 10–18% (experiments/sweeps/dpo_anchors.md)."""
   if example.task == 'korean_mc':
-    return f'정답: {example.answer}'
+    options = example.meta.get('options')
+    if options is None:
+      return f'정답: {example.answer}'
+    return f'{options[choice.option_letters(len(options)).index(example.answer)]} 정답: {example.answer}'
   if example.task in DIRECT_TASKS:  # chat, math
     return f'{example.answer}입니다.' if example.language == 'ko' else f'{example.answer}.'
   raise config_lib.UserError(f"config.dpo.chosen='direct' has no direct answer for task {example.task!r}; "
@@ -288,6 +297,7 @@ def pairs_fingerprint(config) -> dict[str, Any]:
   settings = config.dpo
   return json.loads(json.dumps({
       'init_from': config.init_from, 'seed': config.seed, 'sampling': dict(config.sampling),
+      'direct_format': DIRECT_FORMAT,
       **{key: settings[key] for key in ('chosen', 'tasks', 'modes', 'anchor_modes', 'anchor_tasks',
                                         'math_max_difficulty', 'max_prompt_tokens', 'pair_prompts',
                                         'samples_per_prompt', 'pairs_per_prompt', 'verbose_min_ratio',

@@ -389,3 +389,10 @@ def test_changed_pair_settings_are_a_clear_error(runs):
   config.dpo.samples_per_prompt = 3
   with pytest.raises(config_lib.UserError, match='samples_per_prompt'):
     dpo.load_or_build_pairs(config, runs['workdir'], None, None, None)
+
+
+def test_pairs_built_with_another_direct_answer_format_are_stale(runs, monkeypatch):
+  # A pair file from before the Korean MC chosen reply kept its option text must not be reused silently.
+  monkeypatch.setattr(dpo, 'DIRECT_FORMAT', dpo.DIRECT_FORMAT - 1)
+  with pytest.raises(config_lib.UserError, match='direct_format'):
+    dpo.load_or_build_pairs(_config('smoke'), runs['workdir'], None, None, None)

@@ -329,16 +329,11 @@ def sampled(config, model_config: model.ModelConfig, params: Any, tokenizer: Tok
   """(example, prompt, [samples_per_prompt scored rollouts]) for each of `examples` in `mode`, sampled by
   the policy `params` at `config.sampling` with the tool loop, `config.dpo.sampling_batch` rows a call."""
   settings = config.dpo
-  chunk = max(1, settings.sampling_batch // settings.samples_per_prompt)
-  for start in tqdm.trange(0, len(examples), chunk, desc=desc, unit='batch', disable=jax.process_index() != 0):
-    batch = examples[start:start + chunk]
-    prompts = [rollouts.render_prompt(tokenizer, e, mode) for e in batch]
-    groups = rollouts.generate_and_score(
-        model_config, params, tokenizer, batch, prompts, jax.random.fold_in(rng, start),
-        samples_per_prompt=settings.samples_per_prompt, sampling_settings=config.sampling,
-        max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
-        language_penalty=0.0, drop_overlong=False)
-    yield from zip(batch, prompts, groups)
+  return rollouts.sample_groups(
+      model_config, params, tokenizer, examples, rng, batch_rows=settings.sampling_batch,
+      samples_per_prompt=settings.samples_per_prompt, mode=mode, desc=desc, sampling_settings=config.sampling,
+      max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
+      language_penalty=0.0, drop_overlong=False)
 
 
 def build_pairs(config, model_config: model.ModelConfig, params: Any, tokenizer: Tokenizer,

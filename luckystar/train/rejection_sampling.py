@@ -37,7 +37,6 @@ from typing import Any, Sequence
 from absl import logging
 import jax
 import numpy as np
-import tqdm
 
 from luckystar import config as config_lib
 from luckystar import model
@@ -262,26 +261,23 @@ def run(config, workdir: str) -> None:
   state_lib.check_vocab(config.init_from, model_config, tokenizer)
   samples = settings.samples_per_prompt
   logging.info('rejection sampling: %d prompts × %d samples from %r', len(examples), samples, config.init_from)
-  rng, chunk = jax.random.key(config.seed), max(1, settings.batch_size // samples)
   traces, results, started = [], [], time.time()
-  for start in tqdm.trange(0, len(examples), chunk, desc='rejection sampling', unit='batch'):
-    batch = examples[start:start + chunk]
-    prompts = [rollouts.render_prompt(tokenizer, e) for e in batch]
-    # No language penalty or overlong drop here: rejection sampling keeps traces by its own rules.
-    groups = rollouts.generate_and_score(
-        model_config, params, tokenizer, batch, prompts, jax.random.fold_in(rng, start), samples_per_prompt=samples,
-        sampling_settings=config.sampling, max_tool_turns=settings.max_tool_turns,
-        max_tool_result_tokens=settings.max_tool_result_tokens, language_penalty=0.0, drop_overlong=False)
-    for example, prompt_ids, group in zip(batch, prompts, groups):
-      decisions = trace_decisions(example.language, [candidate(scored) for scored in group])
-      results.append(PromptResult(example.task, example.language, tuple(s.verdict.correct for s in group),
-                                  tuple(decisions)))
-      for index, (scored, decision) in enumerate(zip(group, decisions)):
-        if decision == KEPT:
-          tokens, mask = trace_features(tokenizer, prompt_ids, scored.rollout)
-          traces.append({'example_id': example.id, 'task': example.task, 'language': example.language,
-                         'sample_index': index, 'teacher': config.init_from, 'mode': MODE, 'tokens': tokens,
-                         'loss_mask': mask})
+  # No language penalty or overlong drop here: rejection sampling keeps traces by its own rules.
+  groups = rollouts.sample_groups(
+      model_config, params, tokenizer, examples, jax.random.key(config.seed), batch_rows=settings.batch_size,
+      samples_per_prompt=samples, mode=MODE, desc='rejection sampling', sampling_settings=config.sampling,
+      max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
+      language_penalty=0.0, drop_overlong=False)
+  for example, prompt_ids, group in groups:
+    decisions = trace_decisions(example.language, [candidate(scored) for scored in group])
+    results.append(PromptResult(example.task, example.language, tuple(s.verdict.correct for s in group),
+                                tuple(decisions)))
+    for index, (scored, decision) in enumerate(zip(group, decisions)):
+      if decision == KEPT:
+        tokens, mask = trace_features(tokenizer, prompt_ids, scored.rollout)
+        traces.append({'example_id': example.id, 'task': example.task, 'language': example.language,
+                       'sample_index': index, 'teacher': config.init_from, 'mode': MODE, 'tokens': tokens,
+                       'loss_mask': mask})
   stats = {'settings': settings_of(config), 'groups': summarize(results), 'seconds': round(time.time() - started, 1)}
   _write_atomically(workdir / TRACES_FILE, ''.join(json.dumps(t, ensure_ascii=False) + '\n' for t in traces))
   _write_atomically(workdir / REPORT_FILE, report(stats))

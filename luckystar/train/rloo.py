@@ -28,7 +28,6 @@ import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tqdm
 
 from luckystar import config as config_lib
 from luckystar import model
@@ -257,15 +256,9 @@ def pass_rates(config, model_config: model.ModelConfig, params: Any, tokenizer: 
                ) -> dict[str, float]:
   """Example id → fraction of `samples` rollouts at the RL settings (`rollout_options`) whose verdict is
   correct, in batches of about `config.rlvr.selection_batch` rollouts."""
-  rates, chunk = {}, max(1, config.rlvr.selection_batch // samples)
-  for start in tqdm.trange(0, len(examples), chunk, desc=desc, unit='batch', disable=jax.process_index() != 0):
-    batch = examples[start:start + chunk]
-    groups = rollouts.generate_and_score(model_config, params, tokenizer, batch,
-                                         [rollouts.render_prompt(tokenizer, e) for e in batch],
-                                         jax.random.fold_in(rng, start), samples_per_prompt=samples,
-                                         **rollout_options(config))
-    rates.update({e.id: float(np.mean([bool(s.verdict.correct) for s in group])) for e, group in zip(batch, groups)})
-  return rates
+  groups = rollouts.sample_groups(model_config, params, tokenizer, examples, rng, batch_rows=config.rlvr.selection_batch,
+                                  samples_per_prompt=samples, desc=desc, **rollout_options(config))
+  return {e.id: float(np.mean([bool(s.verdict.correct) for s in group])) for e, _, group in groups}
 
 
 def select_prompts(config, workdir: pathlib.Path, model_config: model.ModelConfig, params: Any,

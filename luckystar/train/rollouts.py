@@ -6,9 +6,10 @@ task's verifier.
 """
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import jax
+import tqdm
 
 from luckystar import model
 from luckystar import sampling
@@ -64,3 +65,18 @@ def generate_and_score(model_config: model.ModelConfig, params: Any, tokenizer: 
       verdict = dataclasses.replace(verdict, reward=None)
     groups[i].append(Scored(examples[i], rollout, verdict))
   return groups
+
+
+def sample_groups(model_config: model.ModelConfig, params: Any, tokenizer: Tokenizer, examples: Sequence[Example],
+                  rng: jax.Array, *, batch_rows: int, samples_per_prompt: int, mode: str = 'reasoning',
+                  desc: str = 'sampling', **options) -> Iterator[tuple[Example, list[int], list[Scored]]]:
+  """(example, prompt, its `samples_per_prompt` scored rollouts) for each of `examples` in `mode`,
+  about `batch_rows` rollouts a `generate_and_score` call (`options`: its keyword settings), the call
+  starting at example `start` seeded by fold_in(rng, start); a progress bar on process 0."""
+  chunk = max(1, batch_rows // samples_per_prompt)
+  for start in tqdm.trange(0, len(examples), chunk, desc=desc, unit='batch', disable=jax.process_index() != 0):
+    batch = examples[start:start + chunk]
+    prompts = [render_prompt(tokenizer, e, mode) for e in batch]
+    groups = generate_and_score(model_config, params, tokenizer, batch, prompts, jax.random.fold_in(rng, start),
+                                samples_per_prompt=samples_per_prompt, **options)
+    yield from zip(batch, prompts, groups)

@@ -74,10 +74,10 @@ def spelled_apart(seed: int = 0) -> tuple[int, int]:
   contains = lambda hay, needle: any(hay[i:i + len(needle)] == needle for i in range(len(hay) - len(needle) + 1))
   apart = total = 0
   for example in suites.load('nl2sql', 'train', seed=seed):
+    question, sql = tokenizer.encode(example.prompt), tokenizer.encode(example.answer)
     for value in example.meta['values']:
       if value.isdigit():
         continue
-      question, sql = tokenizer.encode(example.prompt), tokenizer.encode(example.answer)
       total += 1
       apart += not any(contains(question, tokenizer.encode(form)) and contains(sql, tokenizer.encode(form))
                        for form in (value, ' ' + value))

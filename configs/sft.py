@@ -15,6 +15,9 @@ calculator) 6% → 100% on the run's eval set, 99.2% in the README table, hybrid
 `:base` makes `tiny-base` from random init (≈ 60 min; train/loss 7.3 → 0.50, eval/loss 9.0 → 0.80;
 held-out concise Korean MC 61%, chat 57% en / 19% ko).
 `python experiments/bundled_models.py tiny-base tiny-sft` runs both and exports them.
+`:copy`: a copy phase to start the teacher from (experiments/copy_probe.md): `tiny-base` on the copy
+drill alone (`Repeat: <made-up word>` → `It is <word>`), 800 steps, ≈ 7.5 min; eval/loss 7.9 → 0.12, 84% of
+experiments/copy_probe.py's held-out words copied exactly (teacher-forced).
 `:smoke` (tests; ~35 s on 2 busy cores, mostly compiling): a random `tiny` model on a synthetic
 reverse-the-prompt task, 4 steps, a checkpoint every 2.
 """
@@ -71,8 +74,27 @@ def get_config(arg=None):
     config.eval_every = 0
     config.checkpoint_every = 100
     config.sft.data = 'teacher'
+    # The copy drill (`:copy`) as a source of its own; 0 here. The copy-phase attempt (experiments/cold_start.md)
+    # gave it 0.1 and started from a `:copy` run: `--config.sft.mixture.copy=0.1 --config.init_from=<copy workdir>`.
+    config.sft.mixture = ml_collections.ConfigDict(dict(reasoning=0.8, concise=0.2, copy=0.0))
     config.sft.eval_examples_per_source = 16     # held-out conversations of the teacher's tasks, NL2SQL included
     config.sft.task_eval.per_task_language = 0   # the rejection_sampling stage's pass@1/pass@N judge it
+  elif arg == 'copy':  # the phase before the teacher: `tiny-base` learns to copy a word out of its prompt
+    # `tiny-base` has no copy circuit (experiments/copy_probe.md: 0% exact, 65% after 400 steps of the drill
+    # near the peak learning rate, 94% at 800). The probe's shape: 16 rows of one drill (~70 tokens) each.
+    config.init_from = 'tiny-base'
+    config.model_overrides = ml_collections.ConfigDict(dict(sliding_window=512))  # as the teacher's
+    config.total_steps = 800
+    config.batch_size = 16
+    config.learning_rate = 1e-3
+    config.warmup_steps = 20
+    config.eval_every = 200
+    config.checkpoint_every = 100
+    config.sft.data = 'copy'
+    config.sft.seq_len = 96
+    config.sft.mixture = ml_collections.ConfigDict(dict(copy=1.0))
+    config.sft.eval_examples_per_source = 128
+    config.sft.task_eval.per_task_language = 0
   elif arg == 'smoke':
     config.init_from = 'random:tiny'
     config.total_steps = 4
@@ -88,5 +110,5 @@ def get_config(arg=None):
     config.sft.task_eval.per_task_language = 0   # synthetic tokens: no chat template to evaluate
   elif arg:
     raise ValueError(f'unknown variant configs/sft.py:{arg}; expected configs/sft.py, configs/sft.py:base, '
-                     'configs/sft.py:teacher or configs/sft.py:smoke')
+                     'configs/sft.py:teacher, configs/sft.py:copy or configs/sft.py:smoke')
   return config

@@ -28,20 +28,13 @@ import optax
 import luckystar
 from luckystar import model
 from luckystar import tokenizer as tokenizer_lib
+from luckystar.data import conversations
 from luckystar.data import suites
 from luckystar.train import sft
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 REPORT = ROOT / 'experiments' / 'copy_probe.md'
-HANGUL = tuple('가나다라마바사아자차카타파하고노도로모보소오조호구누두루무부수우주추리미비시이지기니디')
-LATIN = tuple(c + v for c in 'bdfgklmnprstvz' for v in 'aeiou')
 SEQ_LEN, BATCH, HELDOUT = 96, 16, 128
-
-
-def made_up_word(rng: random.Random) -> str:
-  if rng.random() < 0.5:
-    return ''.join(rng.choice(HANGUL) for _ in range(rng.randint(2, 3)))
-  return ''.join(rng.choice(LATIN) for _ in range(rng.randint(2, 4))).capitalize()
 
 
 def batch(tokenizer, words: list[str]) -> dict[str, np.ndarray]:
@@ -51,8 +44,7 @@ def batch(tokenizer, words: list[str]) -> dict[str, np.ndarray]:
   rows['positions'] = np.broadcast_to(np.arange(SEQ_LEN, dtype=np.int32), (len(words), SEQ_LEN)).copy()
   prefix = len(tokenizer.encode('It is'))
   for i, word in enumerate(words):
-    ids, mask = tokenizer.render([{'role': 'user', 'content': f'Repeat: {word}'},
-                                  {'role': 'assistant', 'response': f'It is {word}'}], 'concise')
+    ids, mask = tokenizer.render(conversations.copy_messages(word), 'concise')
     rows['tokens'][i, :len(ids)], rows['loss_mask'][i, :len(ids)], rows['segment_ids'][i, :len(ids)] = ids, mask, 1
     first = mask.index(1) + 1 + prefix  # past the response's opening token and 'It is'
     rows['word'][i, first:len(ids) - 2] = 1  # the last two are the end-of-response and end-of-turn tokens
@@ -95,7 +87,7 @@ def main() -> None:
   loaded = luckystar.load(args.model)
   config, params, tokenizer = loaded.config, loaded.params, loaded.tokenizer
   rng = random.Random(args.seed)
-  heldout = batch(tokenizer, [made_up_word(rng) for _ in range(HELDOUT)])
+  heldout = batch(tokenizer, [conversations.made_up_word(rng) for _ in range(HELDOUT)])
   warmup = min(20, args.steps // 2)
   optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, args.learning_rate, warmup, args.steps),
                           weight_decay=0.1)
@@ -113,7 +105,7 @@ def main() -> None:
       print(f'step {step}: train loss {loss:.3f}, exact {curve[-1][2]:.1%}, word tokens {curve[-1][3]:.1%}',
             flush=True)
     if step < args.steps:
-      train = batch(tokenizer, [made_up_word(rng) for _ in range(BATCH)])
+      train = batch(tokenizer, [conversations.made_up_word(rng) for _ in range(BATCH)])
       params, opt_state, loss = update(params, opt_state, {k: v for k, v in train.items() if k != 'word'})
       loss = float(loss)
   apart, total = spelled_apart(args.seed)

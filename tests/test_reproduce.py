@@ -46,6 +46,11 @@ def test_a_stage_must_run_after_the_stages_it_reads():
     reproduce.check_order(_pipeline(('sft', 'rejection_sampling'), sft=sft, rejection_sampling=rs))
 
 
+def test_every_shipped_pipeline_reads_only_earlier_stages():
+  for variant in (None, 'cold_start', 'smoke'):
+    reproduce.check_order(config_lib.from_file('configs/pipeline.py', variant))
+
+
 def test_a_finished_stage_is_skipped_and_one_with_a_changed_config_is_an_error(tmp_path, monkeypatch):
   calls = []
   fake = types.SimpleNamespace(run=lambda config, workdir: calls.append(workdir))

@@ -13,6 +13,7 @@ of the time, and RLVR, whose reward sees only the answer, teaches it that the to
 import hashlib
 import json
 import pathlib
+import random
 from typing import Sequence
 
 import numpy as np
@@ -176,6 +177,9 @@ def base_sources(tokenizer: Tokenizer, *, seed: int = 0, split: str = 'train', t
 # teacher split's own databases, which the student never sees, and over the extra teacher databases
 # of mixed wordings (`nl2sql.teacher_suite`) that make it read names off the schema.
 TEACHER_REASONING_TASKS = ('nl2sql', *REASONING_TASKS)
+# The copy drill is a source of the teacher's mixture, at weight 0 unless a config gives it one (to keep up a
+# copy phase the teacher starts from: configs/sft.py:copy).
+TEACHER_WEIGHTS = {'reasoning': 0.8, 'concise': 0.2, 'copy': 0.0}
 
 
 def teacher_sources(tokenizer: Tokenizer, *, seed: int = 0, chat_tool_fraction: float = CHAT_TOOL_FRACTION
@@ -186,9 +190,10 @@ def teacher_sources(tokenizer: Tokenizer, *, seed: int = 0, chat_tool_fraction: 
   `render_example`'s dict. NL2SQL golds run through the sandbox."""
   from luckystar.data import nl2sql  # builds databases; only needed here
   extra, _ = nl2sql.curate(nl2sql.teacher_suite(seed=seed), lambda text: len(tokenizer.encode(text)))
-  return sft_sources(tokenizer, seed=seed, split='teacher', reasoning_tasks=TEACHER_REASONING_TASKS,
-                     concise_tasks=CONCISE_TASKS, chat_tool_fraction=chat_tool_fraction,
-                     extra_reasoning=[render_example(tokenizer, e, 'reasoning') for e in extra])
+  sources, _ = sft_sources(tokenizer, seed=seed, split='teacher', reasoning_tasks=TEACHER_REASONING_TASKS,
+                           concise_tasks=CONCISE_TASKS, chat_tool_fraction=chat_tool_fraction,
+                           extra_reasoning=[render_example(tokenizer, e, 'reasoning') for e in extra])
+  return {**sources, **copy_sources(tokenizer, seed=seed, split='teacher')[0]}, dict(TEACHER_WEIGHTS)
 
 
 RS_TRACE_FIELDS = ('example_id', 'task', 'language', 'sample_index', 'teacher', 'mode', 'tokens', 'loss_mask')
@@ -226,3 +231,39 @@ def read_rs_traces(path: str, *, vocab_size: int | None = None) -> list[dict[str
                       'written by the rejection_sampling stage') from None
     traces.append({'tokens': np.asarray(tokens, np.int32), 'loss_mask': np.asarray(mask, np.int32)})
   return traces
+
+
+# ---- the copy drill (experiments/copy_probe.md) -------------------------------------------------
+
+# `tiny-base` has no circuit that copies a word out of its prompt, and grows one only after a few hundred
+# steps of a task that needs nothing else (experiments/copy_probe.md); the teacher needs it to carry a
+# question's values into its query. The drill is the probe's: `Repeat: <made-up word>` → `It is <word>`, a new
+# word every conversation, after a space in prompt and reply alike (the same tokens in both). Varied drills
+# learned slower: asking for `'word'` too (other tokens: the tokenization gap) grew no circuit in 400 steps,
+# and five prompt and three reply templates with vocabulary words half the time reached 16% exact in 800.
+HANGUL_SYLLABLES = tuple('가나다라마바사아자차카타파하고노도로모보소오조호구누두루무부수우주추리미비시이지기니디')
+LATIN_SYLLABLES = tuple(c + v for c in 'bdfgklmnprstvz' for v in 'aeiou')
+COPY_DRILLS = {'train': 40_000, 'heldout': 512, 'teacher': 40_000}
+
+
+def made_up_word(rng: random.Random) -> str:
+  """Two or three Hangul syllables, or two to four capitalised Latin ones."""
+  if rng.random() < 0.5:
+    return ''.join(rng.choice(HANGUL_SYLLABLES) for _ in range(rng.randint(2, 3)))
+  return ''.join(rng.choice(LATIN_SYLLABLES) for _ in range(rng.randint(2, 4))).capitalize()
+
+
+def copy_messages(word: str) -> list[dict]:
+  """The copy drill's conversation (concise mode)."""
+  return [{'role': 'user', 'content': f'Repeat: {word}'}, {'role': 'assistant', 'response': f'It is {word}'}]
+
+
+def copy_sources(tokenizer: Tokenizer, *, seed: int = 0, split: str = 'train', count: int | None = None
+                 ) -> tuple[dict[str, list], dict[str, float]]:
+  """({'copy': [...]}, {'copy': 1.0}): `count` (default COPY_DRILLS[split]) rendered copy drills,
+  `render_example`'s dicts, each split's words drawn from its own seed."""
+  rng, drills = random.Random(f'copy:{seed}:{split}'), []
+  for _ in range(COPY_DRILLS[split] if count is None else count):
+    ids, mask = tokenizer.render(copy_messages(made_up_word(rng)), 'concise')
+    drills.append({'tokens': np.asarray(ids, np.int32), 'loss_mask': np.asarray(mask, np.int32)})
+  return {'copy': drills}, {'copy': 1.0}

@@ -139,6 +139,22 @@ def test_base_sources_are_concise_conversations_and_plain_text(tok):
   assert document['loss_mask'].tolist() == [0] + [1] * (len(document['tokens']) - 1)
 
 
+@pytest.mark.parametrize('split', ['train', 'heldout'])
+def test_the_teachers_copy_drill_is_rendered_only_when_its_mixture_weighs_it(tok, monkeypatch, split):
+  own = ({'reasoning': [{'tokens': np.ones(3, np.int32)}], 'concise': []}, dict(conversations.DEFAULT_WEIGHTS))
+  monkeypatch.setattr(conversations, 'teacher_sources', lambda *a, **k: (dict(own[0]), dict(own[1])))
+  monkeypatch.setattr(conversations, 'sft_sources', lambda *a, **k: (dict(own[0]), dict(own[1])))
+  config = config_lib.from_file('configs/sft.py', 'teacher')
+  raw, weights = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
+  assert (raw['copy'], weights['copy'], raw['reasoning']) == ([], 0.0, own[0]['reasoning'])   # weight 0: none built
+  config.sft.mixture.copy = 0.1
+  raw, weights = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
+  assert weights == {'reasoning': 0.8, 'concise': 0.2, 'copy': 0.1}
+  assert len(raw['copy']) == conversations.COPY_DRILLS[split]
+  drills, _ = conversations.copy_sources(tok, split=split, count=4)
+  assert all(np.array_equal(a['tokens'], b['tokens']) for a, b in zip(raw['copy'], drills['copy']))
+
+
 @pytest.mark.parametrize('data', ['conversations', 'teacher'])
 def test_chat_tool_fraction_outside_zero_one_is_a_config_error(tok, data):
   config = config_lib.from_file('configs/sft.py')

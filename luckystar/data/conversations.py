@@ -177,9 +177,6 @@ def base_sources(tokenizer: Tokenizer, *, seed: int = 0, split: str = 'train', t
 # teacher split's own databases, which the student never sees, and over the extra teacher databases
 # of mixed wordings (`nl2sql.teacher_suite`) that make it read names off the schema.
 TEACHER_REASONING_TASKS = ('nl2sql', *REASONING_TASKS)
-# The copy drill is a source of the teacher's mixture, at weight 0 unless a config gives it one (to keep up a
-# copy phase the teacher starts from: configs/sft.py:copy).
-TEACHER_WEIGHTS = {'reasoning': 0.8, 'concise': 0.2, 'copy': 0.0}
 
 
 def teacher_sources(tokenizer: Tokenizer, *, seed: int = 0, chat_tool_fraction: float = CHAT_TOOL_FRACTION
@@ -190,10 +187,9 @@ def teacher_sources(tokenizer: Tokenizer, *, seed: int = 0, chat_tool_fraction: 
   `render_example`'s dict. NL2SQL golds run through the sandbox."""
   from luckystar.data import nl2sql  # builds databases; only needed here
   extra, _ = nl2sql.curate(nl2sql.teacher_suite(seed=seed), lambda text: len(tokenizer.encode(text)))
-  sources, _ = sft_sources(tokenizer, seed=seed, split='teacher', reasoning_tasks=TEACHER_REASONING_TASKS,
-                           concise_tasks=CONCISE_TASKS, chat_tool_fraction=chat_tool_fraction,
-                           extra_reasoning=[render_example(tokenizer, e, 'reasoning') for e in extra])
-  return {**sources, **copy_sources(tokenizer, seed=seed, split='teacher')[0]}, dict(TEACHER_WEIGHTS)
+  return sft_sources(tokenizer, seed=seed, split='teacher', reasoning_tasks=TEACHER_REASONING_TASKS,
+                     concise_tasks=CONCISE_TASKS, chat_tool_fraction=chat_tool_fraction,
+                     extra_reasoning=[render_example(tokenizer, e, 'reasoning') for e in extra])
 
 
 RS_TRACE_FIELDS = ('example_id', 'task', 'language', 'sample_index', 'teacher', 'mode', 'tokens', 'loss_mask')

@@ -7,8 +7,9 @@ Config (`config.sft`): `seq_len` (packed row length), `mixture` (source → weig
 ('conversations': `luckystar.data.conversations.sft_sources`, train split for training and the
 heldout split for `eval/*`; 'base': `conversations.base_sources`, the concise-only mixture that
 makes `tiny-base`; 'teacher': `conversations.teacher_sources`, the rejection-sampling teacher's
-mixture from the teacher split and the copy drill; 'copy': `conversations.copy_sources`, the copy
-drill alone, the phase before the teacher; 'synthetic': a tiny learnable token task for smoke tests),
+mixture from the teacher split, plus the copy drill where `mixture` weighs it; 'copy':
+`conversations.copy_sources`, the copy drill alone, a phase to start the teacher from; 'synthetic': a
+tiny learnable token task for smoke tests),
 `rs_traces` (a `rs_traces.jsonl` of the rejection_sampling stage whose traces join the train split's
 'reasoning' source of the 'conversations' data; '' = none),
 `eval_examples_per_source` (a fixed sample of held-out conversations per source; 0 = no eval).
@@ -144,12 +145,15 @@ def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vo
     if own_source:
       raw[RS_SOURCE] = list(extra)
   elif config.sft.data == 'teacher':  # the teacher split; held-out eval on the same tasks
-    if split == 'train':
-      raw, weights = conversations.teacher_sources(tokenizer, seed=config.seed, chat_tool_fraction=fraction)
-    else:  # the copy drill too: config.sft.mixture names it
-      raw, weights = conversations.sft_sources(tokenizer, seed=config.seed, split=split, chat_tool_fraction=fraction,
-                                               reasoning_tasks=conversations.TEACHER_REASONING_TASKS)
-      raw.update(conversations.copy_sources(tokenizer, seed=config.seed, split=split)[0])
+    raw, weights = (conversations.teacher_sources(tokenizer, seed=config.seed, chat_tool_fraction=fraction)
+                    if split == 'train' else
+                    conversations.sft_sources(tokenizer, seed=config.seed, split=split, chat_tool_fraction=fraction,
+                                              reasoning_tasks=conversations.TEACHER_REASONING_TASKS))
+    # The copy drill (data 'copy') as a source of its own, to keep up a copy phase the teacher starts from;
+    # rendered only when config.sft.mixture gives it a weight (an empty source otherwise).
+    copy_weight = (config.sft.mixture or {}).get('copy', 0.0)
+    raw['copy'] = conversations.copy_sources(tokenizer, seed=config.seed, split=split)[0]['copy'] if copy_weight else []
+    weights['copy'] = copy_weight
   elif config.sft.data == 'copy':  # the copy drill; held-out: new draws
     raw, weights = conversations.copy_sources(tokenizer, seed=config.seed, split=split)
   elif config.sft.data == 'base':

@@ -32,8 +32,8 @@ Measured on 2 CPU cores (seed 0): 73 min; the report is experiments/paper_reprod
 "Paper reproduction"): English thinking beats Korean thinking (Table 1, by 2 of 64 prompts), the recipe
 beats the base on reasoning-mode math, and int4 keeps the scores (1.8 points); the penalty's effect on
 drift (Table 2), the cold start, DPO's length cut and Table 4 do not reproduce at this size.
-`:cold_start`: the NL2SQL cold start alone, at full size (`cold_start_stages`; experiments/cold_start.py
-runs it and writes experiments/cold_start.md).
+`:cold_start`: the NL2SQL cold start alone, at full size, its teacher started from a copy phase
+(`cold_start_stages`; experiments/cold_start.py runs it and writes experiments/cold_start.md).
 `:smoke` (tests): the chain teacher → rejection_sampling → sft → rlvr → dpo → quantize → eval with a
 few steps and prompts each; DPO starts from a random policy (a barely trained one is never verbose,
 so it would have no pairs).
@@ -109,12 +109,15 @@ def full_stages() -> dict[str, ml_collections.ConfigDict]:
 
 
 def cold_start_stages() -> dict[str, ml_collections.ConfigDict]:
-  """Issue 5's cold start on its own (experiments/cold_start.py): a tiny teacher, best-of-8 on the RS-only
-  NL2SQL prompts, `tiny-sft` fine-tuned on its hybrid mixture plus the kept traces, and RLOO on NL2SQL from
+  """Issue 5's cold start on its own (experiments/cold_start.py): a copy phase (`configs/sft.py:copy`), a tiny
+  teacher started from it, best-of-8 on the RS-only NL2SQL prompts, `tiny-sft` fine-tuned on its hybrid mixture plus the kept traces, and RLOO on NL2SQL from
   `tiny-base`, from `tiny-sft` and from that SFT, then the last on the unseen held-out databases."""
   rl = dict(total_steps=16, checkpoint_every=4, rlvr__eval_prompts=96)
   return {
-      'teacher': stage('sft', 'teacher'),
+      # The copy phase (quoted drill), then the teacher from it with the drill kept as a tenth of its rows.
+      'copy': stage('sft', 'copy'),
+      'teacher': stage('sft', 'teacher', init_from='@copy',
+                       sft__mixture=ml_collections.ConfigDict(dict(reasoning=0.72, concise=0.18, copy=0.1))),
       'rejection_sampling': stage('rejection_sampling', init_from='@teacher', rejection_sampling__tasks=('nl2sql',)),
       # The kept traces as a mixture source of their own (a few hundred among ~8000 conversations would
       # otherwise be drawn a few times each in 300 steps).

@@ -7,16 +7,16 @@
 Best-of-8 at temperature 1.0 from `teacher` (`configs/sft.py:teacher`: `tiny-base` with a full
 512-token attention window, trained 800 steps on the teacher split's own databases and questions plus
 32 mixed-wording teacher databases per domain) over the student's RS-only train prompts: every
-NL2SQL prompt in both languages (156) and Korean math of difficulty 2 (238), the SQL run in the
+NL2SQL prompt in both languages (144) and Korean math of difficulty 2 (238), the SQL run in the
 sandbox. Keeps every verified-correct trace, deduplicated; for Korean prompts only English thinking
 with a Korean response. Writes rs_traces.jsonl, rs_stats.json and rs_stats.md (pass@1 and pass@8 per
 task and language, kept traces per prompt, drops by the Korean language filter); re-running on the
 same workdir reuses them.
-No `teacher` is bundled (training one takes ~33 min on 2 CPU cores): pass --config.init_from=<teacher
-run dir>, or run `configs/pipeline.py:cold_start`, which trains it first. Measured there
-(experiments/cold_start.md, NL2SQL prompts only): pass@1 0.2%, pass@8 1.3% (2 of 156 prompts, 2 traces
-kept; Korean 0%): the teacher reads the schema names of databases it never saw, but does not copy the
-question's values into its query.
+No `teacher` is bundled (a copy phase and the teacher take ~40 min on 2 CPU cores): pass
+--config.init_from=<teacher run dir>, or run `configs/pipeline.py:cold_start`, which trains it first.
+Measured there (experiments/cold_start.md, NL2SQL prompts only, 7 min): pass@1 1.3%, pass@8 6.2% (9 of 144
+prompts, 15 traces kept; English 7.1%, Korean 5.4%); it copies some of the question's (quoted) values, and
+often writes another database's table and column names.
 
 `:smoke` (tests): an untrained `tiny` teacher, 1 prompt per task × 2 samples of ≤ 16 tokens; it
 keeps nothing, but runs every step and writes every file.

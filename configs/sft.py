@@ -15,9 +15,11 @@ calculator) 6% → 100% on the run's eval set, 99.2% in the README table, hybrid
 `:base` makes `tiny-base` from random init (≈ 60 min; train/loss 7.3 → 0.50, eval/loss 9.0 → 0.80;
 held-out concise Korean MC 61%, chat 57% en / 19% ko).
 `python experiments/bundled_models.py tiny-base tiny-sft` runs both and exports them.
-`:copy`: a copy phase to start the teacher from (experiments/copy_probe.md): `tiny-base` on the copy
-drill alone (`Repeat: <made-up word>` → `It is <word>`), 800 steps, ≈ 7.5 min; eval/loss 7.9 → 0.12, 84% of
-experiments/copy_probe.py's held-out words copied exactly (teacher-forced).
+`:copy`: the copy phase the cold-start teacher starts from (`configs/pipeline.py:cold_start`): `tiny-base` on
+the quoted copy drill alone (`Repeat: '<word>'` or `'<word>': repeat it` → `It is '<word>'`, the word made up
+or a person's or company's name; `conversations.copy_sources`), 800 steps, ≈ 8 min; eval/loss 8.3 → 0.63,
+greedy: 15 of 32 made-up words and 4 of 32 of the student's NL2SQL values copied. `--config.sft.copy_drill=plain`
+is experiments/copy_probe.py's unquoted made-up-word drill (eval/loss 7.9 → 0.12, 84% exact teacher-forced).
 `:smoke` (tests; ~35 s on 2 busy cores, mostly compiling): a random `tiny` model on a synthetic
 reverse-the-prompt task, 4 steps, a checkpoint every 2.
 """
@@ -45,6 +47,7 @@ def get_config(arg=None):
   config.sft.rs_traces = ''             # rs_traces.jsonl of the rejection_sampling stage: joins 'reasoning'; '' = none
   config.sft.thinking_language = 'en'   # 'ko': Korean prompts think in Korean (the paper's Table 1 ablation)
   config.sft.chat_tool_fraction = 0.3   # reasoning chat arithmetic that calls the calculator (the rest answers)
+  config.sft.copy_drill = 'quoted'       # the `copy` source's drill (conversations.COPY_DRILLS): 'quoted' or 'plain'
   # Held-out task correctness (luckystar.evals.core.Settings): greedy, both modes, per task and language.
   config.sft.task_eval = ml_collections.ConfigDict(dict(per_task_language=8, max_new_tokens=160, batch_size=40))
 
@@ -74,14 +77,14 @@ def get_config(arg=None):
     config.eval_every = 0
     config.checkpoint_every = 100
     config.sft.data = 'teacher'
-    # The copy drill (`:copy`) as a source of its own; 0 here. The copy-phase attempt (experiments/cold_start.md)
-    # gave it 0.1 and started from a `:copy` run: `--config.sft.mixture.copy=0.1 --config.init_from=<copy workdir>`.
+    # The copy drill (`:copy`) as a source of its own; 0 here. `configs/pipeline.py:cold_start` starts the teacher
+    # from a `:copy` run and gives the drill 0.1: `--config.sft.mixture.copy=0.1 --config.init_from=<copy workdir>`.
     config.sft.mixture = ml_collections.ConfigDict(dict(reasoning=0.8, concise=0.2, copy=0.0))
     config.sft.eval_examples_per_source = 16     # held-out conversations of the teacher's tasks, NL2SQL included
     config.sft.task_eval.per_task_language = 0   # the rejection_sampling stage's pass@1/pass@N judge it
   elif arg == 'copy':  # the phase before the teacher: `tiny-base` learns to copy a word out of its prompt
     # `tiny-base` has no copy circuit (experiments/copy_probe.md: 0% exact, 65% after 400 steps of the drill
-    # near the peak learning rate, 94% at 800). The probe's shape: 16 rows of one drill (~70 tokens) each.
+    # near the peak learning rate, 94% at 800). The probe's shape: 16 rows of one drill (~75 tokens) each.
     config.init_from = 'tiny-base'
     config.model_overrides = ml_collections.ConfigDict(dict(sliding_window=512))  # as the teacher's
     config.total_steps = 800

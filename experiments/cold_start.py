@@ -1,14 +1,15 @@
 """The NL2SQL cold start (paper §2.3, issue 5): RLOO from the base model gets no reward signal; after
 rejection-sampled SFT it does, and held-out NL2SQL improves.
 
-    python experiments/cold_start.py                                  # ~60 min on 2 CPU cores
+    python experiments/cold_start.py                                  # ~80 min on 2 CPU cores
     python experiments/cold_start.py --workdir=/tmp/cold-start --override=pipeline.stages.nl2sql_from_sft.total_steps=32
 
 (with luckystar installed, `pip install -e .`, or PYTHONPATH=. from the repository root)
 
 Runs the user's command, `python -m luckystar.main --config=configs/pipeline.py:cold_start --workdir=W`
-(re-running resumes the first unfinished stage): a tiny teacher trained on its own databases
-(`nl2sql.teacher_suite`: mixed schema wordings, never a student prompt) → best-of-8 from it on the
+(re-running resumes the first unfinished stage): a copy phase (`tiny-base` on the quoted copy drill,
+`configs/sft.py:copy`) → a tiny teacher started from it, trained on its own databases (`nl2sql.teacher_suite`:
+mixed schema wordings, never a student prompt) → best-of-8 from it on the
 student's RS-only NL2SQL prompts → `tiny-sft` fine-tuned with the kept traces in its hybrid mixture →
 RLOO on NL2SQL from `tiny-base`, from `tiny-sft` (no traces) and from that SFT. Then reads the stages'
 outputs and writes experiments/cold_start.md: the teacher's pass@1/pass@8, the zero-variance-group

@@ -60,7 +60,7 @@ def run_and_report(description: str, config: str, default_workdir: str, report_p
                    report: Callable[[pathlib.Path, list[str], float], str]) -> None:
   """An experiment script's main: runs the user's command for `config` on `--workdir` with its
   `--override KEY=VALUE`s (re-running resumes), then writes `report(workdir, overrides, seconds)` to
-  `report_path` and prints it."""
+  `report_path`, followed by the old report's hand-written `## Notes` section if it had one, and prints it."""
   parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--workdir', default=default_workdir)
   parser.add_argument('--override', action='append', default=[], help='a config override KEY=VALUE (repeatable)')
@@ -71,8 +71,18 @@ def run_and_report(description: str, config: str, default_workdir: str, report_p
   start = time.perf_counter()
   subprocess.run(argv, cwd=ROOT, check=True)
   text = report(workdir, args.override, time.perf_counter() - start)
-  report_path.write_text(text)
+  report_path.write_text(text + kept_notes(report_path))
   print(text)
+
+
+NOTES = '## Notes'   # a report's hand-written tail, from this heading on: kept when the script rewrites the report
+
+
+def kept_notes(report_path: pathlib.Path) -> str:
+  """The existing report's hand-written tail (from the `NOTES` heading to the end), or ''."""
+  text = report_path.read_text() if report_path.is_file() else ''
+  start = text.find('\n' + NOTES + '\n')
+  return '' if start < 0 else text[start:]
 
 
 def read_metrics(workdir: pathlib.Path) -> list[dict]:

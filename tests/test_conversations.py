@@ -7,7 +7,7 @@ import pytest
 
 from luckystar import config as config_lib
 from luckystar import tokenizer as tokenizer_lib
-from luckystar.data import conversations, korean_mc, suites
+from luckystar.data import conversations, korean_mc, nl2sql, suites
 from luckystar.rewards import language, reward
 from luckystar.train import sft
 
@@ -150,7 +150,7 @@ def test_the_teachers_copy_drill_is_rendered_only_when_its_mixture_weighs_it(tok
   config.sft.mixture.copy = 0.1
   raw, weights = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
   assert weights == {'reasoning': 0.8, 'concise': 0.2, 'copy': 0.1}
-  assert len(raw['copy']) == conversations.COPY_DRILLS[split]
+  assert len(raw['copy']) == conversations.COPY_COUNTS[split]
   drills, _ = conversations.copy_sources(tok, split=split, count=4)
   assert all(np.array_equal(a['tokens'], b['tokens']) for a, b in zip(raw['copy'], drills['copy']))
 
@@ -163,11 +163,27 @@ def test_chat_tool_fraction_outside_zero_one_is_a_config_error(tok, data):
     sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)
 
 
+def test_nl2sql_questions_spell_text_values_with_the_tokens_of_the_query(tok):
+  """A question quotes a text value as the SQL literal does, so the copy into the query is token for token
+  (unquoted, `▁Daegu` in the question vs `Daegu` after the query's quote: 62% of values were spelled apart)."""
+  contains = lambda hay, needle: any(hay[i:i + len(needle)] == needle for i in range(len(hay) - len(needle) + 1))
+  apart = total = 0
+  for example in suites.load('nl2sql', 'train'):
+    question, query = tok.encode(example.prompt), tok.encode(example.answer)
+    for value in example.meta['values']:
+      if not value.isdigit():
+        total += 1
+        pieces = tok.encode(value)   # as at the text start, or after a quote: no word-start piece
+        apart += not (contains(question, pieces) and contains(query, pieces))
+  assert total > 500 and apart / total < 0.02, (apart, total)   # a few values' first piece merges the quote
+
+
 def test_nl2sql_thinking_restates_the_question_values():
   """The query copies a question's values (a city, a name): the thinking names them first, a short copy away."""
   example = next(e for e in suites.load('nl2sql', 'teacher') if e.meta['values'])
   thinking = conversations.messages(example, 'reasoning')[2]['thinking']
   assert all(value in example.prompt and value in example.answer and value in thinking for value in example.meta['values'])
+  assert all(nl2sql.spell(value) in thinking for value in example.meta['values'])
   bare = dataclasses.replace(example, meta={**example.meta, 'values': []})   # Spider/BIRD examples carry none
   assert conversations.messages(bare, 'reasoning')[2]['thinking'] == (
       'I will query the database with SQL, then answer from the result.')

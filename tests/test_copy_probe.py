@@ -6,9 +6,11 @@ import random
 import sys
 
 import numpy as np
+import pytest
 
+from luckystar import config as config_lib
 from luckystar import tokenizer as tokenizer_lib
-from luckystar.data import conversations
+from luckystar.data import conversations, nl2sql
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / 'experiments'))
 import copy_probe  # noqa: E402
@@ -43,3 +45,23 @@ def test_copy_sources_are_the_probes_drill_with_new_words_per_split():
   other, _ = conversations.copy_sources(tokenizer, seed=0, split='train', count=64)
   assert all(np.array_equal(a['tokens'], b['tokens']) for a, b in zip(sources['copy'], again['copy']))
   assert sum(np.array_equal(a['tokens'], b['tokens']) for a, b in zip(sources['copy'], other['copy'])) < 4
+
+
+def test_the_quoted_drill_spells_words_as_nl2sql_and_never_copies_a_student_value():
+  """The teacher's drill: quoted as questions and queries quote values, in both prompt forms, half its words
+  database-like values, none of them a value a student question names."""
+  tokenizer = tokenizer_lib.default()
+  sources, _ = conversations.copy_sources(tokenizer, seed=0, split='train', count=400, drill='quoted')
+  student, forms, words = nl2sql.student_values(0), set(), []
+  for item in sources['copy']:
+    tokens, mask = item['tokens'].tolist(), item['loss_mask'].astype(bool)
+    shown = tokenizer.parse_assistant([t for t, m in zip(tokens, mask) if m]).response.removeprefix('It is ')
+    assert shown.startswith("'") and shown.endswith("'")
+    words.append(word := shown[1:-1])
+    form = next(f for f in (0, 1) if tokens == tokenizer.render(conversations.copy_messages(word, f, True), 'concise')[0])
+    forms.add(form)
+  assert forms == {0, 1} and len(set(words)) > 390 and not student & set(words)
+  made_up = lambda w: set(w) <= set(conversations.HANGUL_SYLLABLES) or w.isascii() and w.isalpha()
+  assert 150 < sum(not made_up(w) for w in words) < 250   # people and companies: not made of the drill's syllables
+  with pytest.raises(config_lib.UserError, match="config.sft.copy_drill='fancy'"):
+    conversations.copy_sources(tokenizer, count=1, drill='fancy')

@@ -225,10 +225,10 @@ def _scripted_rollout_fn(tok, examples):
 def test_stage_keeps_verified_traces_writes_its_files_and_they_join_sft(tok, tmp_path, monkeypatch):
   config = _config('rejection_sampling', 'smoke')
   with config.unlocked():
-    config.rejection_sampling.max_prompts = 2
+    config.rejection_sampling.max_prompts = 3      # the first NL2SQL RS prompts are English, English, Korean
     config.rejection_sampling.math_languages = ('ko', 'en')
     config.rejection_sampling.samples_per_prompt = len(SCRIPTS)
-    config.rejection_sampling.batch_size = 12   # two prompts per batch: two batches
+    config.rejection_sampling.batch_size = 12   # two prompts per batch: three batches
   examples = rs.rs_prompts(config)
   assert {(e.task, e.language) for e in examples} >= {('nl2sql', 'ko'), ('math', 'ko')}
   monkeypatch.setattr(sampling, 'rollout', _scripted_rollout_fn(tok, examples))

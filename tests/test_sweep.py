@@ -60,3 +60,12 @@ def test_table_has_final_and_best_per_run_and_mean_over_seeds(tmp_path):
 def test_a_run_without_metrics_is_named(tmp_path):
   with pytest.raises(FileNotFoundError, match='metrics.jsonl'):
     sweep.collect([{'point': {}, 'seed': 0, 'workdir': tmp_path}], ['train/reward'])
+
+
+def test_a_rewritten_report_keeps_its_hand_written_notes(tmp_path):
+  report = tmp_path / 'report.md'
+  assert sweep.kept_notes(report) == ''
+  report.write_text('# Old numbers\n\n| a |\n\n## Notes\n\nTried X (2026-12-03): 3 of 8.\n')
+  assert sweep.kept_notes(report) == '\n## Notes\n\nTried X (2026-12-03): 3 of 8.\n'
+  report.write_text('# Old numbers\n\nno notes here; ## Notes inline is not the heading\n')
+  assert sweep.kept_notes(report) == ''

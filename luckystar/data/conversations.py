@@ -20,6 +20,7 @@ import numpy as np
 
 from luckystar import tools
 from luckystar.config import UserError
+from luckystar.data import nl2sql
 from luckystar.data.examples import Example, split_of
 from luckystar.rewards import function_call
 from luckystar.tokenizer import Tokenizer
@@ -57,7 +58,7 @@ def _thinking(example: Example, thinking_language: str, calls_calculator: bool) 
     return f'The request needs a tool call: {names}. I fill in the arguments from the question.'
   if example.task == 'nl2sql':  # the question's values, restated next to it, are a short copy away for the query
     values = example.meta.get('values')
-    named = f'The question names {", ".join(values)}. ' if values else ''
+    named = f'The question names {", ".join(map(nl2sql.spell, values))}. ' if values else ''
     return f'{named}I will query the database with SQL, then answer from the result.'
   if calls_calculator:  # chat arithmetic (math traces carry their own thinking)
     return f'This is arithmetic; the calculator gives the exact value of {example.meta["expression"]}.'
@@ -233,13 +234,21 @@ def read_rs_traces(path: str, *, vocab_size: int | None = None) -> list[dict[str
 
 # `tiny-base` has no circuit that copies a word out of its prompt, and grows one only after a few hundred
 # steps of a task that needs nothing else (experiments/copy_probe.md); the teacher needs it to carry a
-# question's values into its query. The drill is the probe's: `Repeat: <made-up word>` → `It is <word>`, a new
-# word every conversation, after a space in prompt and reply alike (the same tokens in both). Varied drills
-# learned slower: asking for `'word'` too (other tokens: the tokenization gap) grew no circuit in 400 steps,
-# and five prompt and three reply templates with vocabulary words half the time reached 16% exact in 800.
+# question's values into its query. Two drills (`COPY_DRILLS`), a new word every conversation:
+# - 'plain', the probe's: `Repeat: <made-up word>` → `It is <word>`, after a space in prompt and reply alike
+#   (the same tokens in both). It grows a circuit that copies made-up words, not real names (0 of 32 NL2SQL
+#   values), and the teacher started from it copied none of the student's values.
+# - 'quoted', the NL2SQL spelling (`nl2sql.spell`): `Repeat: '<word>'` or `'<word>': repeat it` → `It is
+#   '<word>'`, the word a made-up one or, half the time, a database-like value (a Korean or English person or
+#   company, `nl2sql.value_like`) that no student question names. Questions quote their values the same way,
+#   so the copy it trains (after a quote, what followed the earlier quote) is the one a query needs; the
+#   second prompt form puts the quote at the text start, as Korean questions that open with their value do.
+# Varied drills learned slower: asking for `'word'` after an unquoted prompt (other tokens) grew no circuit in
+# 400 steps, and five prompt and three reply templates with vocabulary words half the time reached 16% in 800.
 HANGUL_SYLLABLES = tuple('가나다라마바사아자차카타파하고노도로모보소오조호구누두루무부수우주추리미비시이지기니디')
 LATIN_SYLLABLES = tuple(c + v for c in 'bdfgklmnprstvz' for v in 'aeiou')
-COPY_DRILLS = {'train': 40_000, 'heldout': 512, 'teacher': 40_000}
+COPY_COUNTS = {'train': 40_000, 'heldout': 512, 'teacher': 40_000}
+COPY_DRILLS = ('plain', 'quoted')
 
 
 def made_up_word(rng: random.Random) -> str:
@@ -249,17 +258,29 @@ def made_up_word(rng: random.Random) -> str:
   return ''.join(rng.choice(LATIN_SYLLABLES) for _ in range(rng.randint(2, 4))).capitalize()
 
 
-def copy_messages(word: str) -> list[dict]:
-  """The copy drill's conversation (concise mode)."""
-  return [{'role': 'user', 'content': f'Repeat: {word}'}, {'role': 'assistant', 'response': f'It is {word}'}]
+def copy_messages(word: str, form: int = 0, quoted: bool = False) -> list[dict]:
+  """The copy drill's conversation (concise mode); `quoted`: the word spelled as in NL2SQL, and `form` 1 puts
+  it at the prompt's start."""
+  shown = nl2sql.spell(word) if quoted else word
+  request = f'{shown}: repeat it' if form else f'Repeat: {shown}'
+  return [{'role': 'user', 'content': request}, {'role': 'assistant', 'response': f'It is {shown}'}]
 
 
-def copy_sources(tokenizer: Tokenizer, *, seed: int = 0, split: str = 'train', count: int | None = None
-                 ) -> tuple[dict[str, list], dict[str, float]]:
-  """({'copy': [...]}, {'copy': 1.0}): `count` (default COPY_DRILLS[split]) rendered copy drills,
-  `render_example`'s dicts, each split's words drawn from its own seed."""
-  rng, drills = random.Random(f'copy:{seed}:{split}'), []
-  for _ in range(COPY_DRILLS[split] if count is None else count):
-    ids, mask = tokenizer.render(copy_messages(made_up_word(rng)), 'concise')
+def copy_sources(tokenizer: Tokenizer, *, seed: int = 0, split: str = 'train', count: int | None = None,
+                 drill: str = 'plain') -> tuple[dict[str, list], dict[str, float]]:
+  """({'copy': [...]}, {'copy': 1.0}): `count` (default COPY_COUNTS[split]) rendered copy drills of kind
+  `drill` (COPY_DRILLS), `render_example`'s dicts, each split's words drawn from its own seed."""
+  if drill not in COPY_DRILLS:
+    raise UserError(f'config.sft.copy_drill={drill!r}; expected one of {COPY_DRILLS}')
+  rng, drills = random.Random(f'copy:{seed}:{split}' + ('' if drill == 'plain' else f':{drill}')), []
+  if drill == 'quoted':
+    values = nl2sql.value_like(random.Random(f'copy-values:{seed}:{split}'), exclude=nl2sql.student_values(seed))
+  for _ in range(COPY_COUNTS[split] if count is None else count):
+    if drill == 'plain':
+      messages = copy_messages(made_up_word(rng))
+    else:
+      word = next(values) if rng.random() < 0.5 else made_up_word(rng)
+      messages = copy_messages(word, form=rng.randrange(2), quoted=True)
+    ids, mask = tokenizer.render(messages, 'concise')
     drills.append({'tokens': np.asarray(ids, np.int32), 'loss_mask': np.asarray(mask, np.int32)})
   return {'copy': drills}, {'copy': 1.0}

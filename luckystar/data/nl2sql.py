@@ -6,7 +6,8 @@ evaluation (a database the training split never sees, with its own table and
 column names, as Spider splits train and dev databases) and one for the
 rejection-sampling teacher (DESIGN §5), again with its own names. Values mix Korean and English text and
 include dates and NULLs. Questions come in English and Korean at three
-difficulties: single table → joins → aggregates/subqueries.
+difficulties: single table → joins → aggregates/subqueries. A question quotes its text values as the
+query's literal does (`spell`: "customers from 'Daegu'"), so the value has the same tokens in both.
 
 Build the databases (deterministic; a few seconds) with `build_databases(dir)`.
 """
@@ -407,6 +408,34 @@ TEMPLATES = (
 )
 
 
+def spell(value) -> str:
+  """A template value as a question (and a trace's thinking) writes it: text in single quotes, as in the SQL
+  literal, numbers bare. Quoted, a value has the same tokens in the question and in the query (the tokenizer
+  has no dummy prefix: `Daegu` after a space and after a quote are different pieces, 62% of the values were
+  spelled apart), and the quote marks where a copy starts. The unquoted questions left the tiny teacher
+  writing one memorised value whatever the question named (experiments/cold_start.md)."""
+  text = str(value)
+  return text if text.isdigit() else f"'{text}'"
+
+
+def value_like(rng: random.Random, exclude: frozenset[str] = frozenset()) -> Iterator[str]:
+  """Endless values like the databases' open-vocabulary ones (a Korean or English person, or a company),
+  from `rng`'s own fakers, skipping `exclude`: the copy drill's words (`conversations.copy_sources`)."""
+  fake_ko, fake_en = faker.Faker('ko_KR'), faker.Faker('en_US')
+  fake_ko.seed_instance(rng.getrandbits(32))
+  fake_en.seed_instance(rng.getrandbits(32))
+  while True:
+    value = _person(rng, fake_ko, fake_en) if rng.random() < 0.7 else (
+        fake_ko if rng.random() < 0.5 else fake_en).company()
+    if value not in exclude:
+      yield value
+
+
+def student_values(seed: int = 0) -> frozenset[str]:
+  """Every value a question of the student's splits (train, held-out) names."""
+  return frozenset(v for e in suite(seed=seed) if e.split != 'teacher' for v in e.meta['values'])
+
+
 def _format_names(n: dict[str, str]) -> dict[str, str]:
   """Template placeholders: table names as-is; `<x>_col` for columns whose logical name is also a value slot."""
   return {**n, **{f'{k}_col': v for k, v in n.items()}}
@@ -433,7 +462,7 @@ def _questions(name: str, path: pathlib.Path, domain: str, n: dict[str, str], sp
           continue
         sql = template.sql.format_map({**_format_names(n), **values})  # value slots win over names
         for language, text in (('en', template.en), ('ko', template.ko)):
-          prompt = text.format(**values)
+          prompt = text.format(**{key: spell(value) for key, value in values.items()})
           yield Example(
               id=f'nl2sql-{name}-{index}-{language}-{rng.getrandbits(32):08x}', task='nl2sql',
               language=language, split=split, prompt=prompt, answer=sql,

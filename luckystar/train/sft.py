@@ -152,10 +152,11 @@ def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vo
     # The copy drill (data 'copy') as a source of its own, to keep up a copy phase the teacher starts from;
     # rendered only when config.sft.mixture gives it a weight (an empty source otherwise).
     copy_weight = (config.sft.mixture or {}).get('copy', 0.0)
-    raw['copy'] = conversations.copy_sources(tokenizer, seed=config.seed, split=split)[0]['copy'] if copy_weight else []
+    raw['copy'] = conversations.copy_sources(tokenizer, seed=config.seed, split=split, drill=config.sft.copy_drill
+                                             )[0]['copy'] if copy_weight else []
     weights['copy'] = copy_weight
   elif config.sft.data == 'copy':  # the copy drill; held-out: new draws
-    raw, weights = conversations.copy_sources(tokenizer, seed=config.seed, split=split)
+    raw, weights = conversations.copy_sources(tokenizer, seed=config.seed, split=split, drill=config.sft.copy_drill)
   elif config.sft.data == 'base':
     raw, weights = conversations.base_sources(tokenizer, seed=config.seed, split=split)
   else:

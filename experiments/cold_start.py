@@ -1,7 +1,7 @@
 """The NL2SQL cold start (paper §2.3, issue 5): RLOO from the base model gets no reward signal; after
 rejection-sampled SFT it does, and held-out NL2SQL improves.
 
-    python experiments/cold_start.py                                  # ~80 min on 2 CPU cores
+    python experiments/cold_start.py                                  # ~90 min on 2 CPU cores
     python experiments/cold_start.py --workdir=/tmp/cold-start --override=pipeline.stages.nl2sql_from_sft.total_steps=32
 
 (with luckystar installed, `pip install -e .`, or PYTHONPATH=. from the repository root)

@@ -151,7 +151,7 @@ def test_the_teachers_copy_drill_is_rendered_only_when_its_mixture_weighs_it(tok
   raw, weights = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
   assert weights == {'reasoning': 0.8, 'concise': 0.2, 'copy': 0.1}
   assert len(raw['copy']) == conversations.COPY_COUNTS[split]
-  drills, _ = conversations.copy_sources(tok, split=split, count=4)
+  drills, _ = conversations.copy_sources(tok, split=split, count=4, drill=config.sft.copy_drill)
   assert all(np.array_equal(a['tokens'], b['tokens']) for a, b in zip(raw['copy'], drills['copy']))
 
 

@@ -110,8 +110,9 @@ def full_stages() -> dict[str, ml_collections.ConfigDict]:
 
 def cold_start_stages() -> dict[str, ml_collections.ConfigDict]:
   """Issue 5's cold start on its own (experiments/cold_start.py): a copy phase (`configs/sft.py:copy`), a tiny
-  teacher started from it, best-of-8 on the RS-only NL2SQL prompts, `tiny-sft` fine-tuned on its hybrid mixture plus the kept traces, and RLOO on NL2SQL from
-  `tiny-base`, from `tiny-sft` and from that SFT, then the last on the unseen held-out databases."""
+  teacher started from it, best-of-8 on the RS-only NL2SQL prompts, `tiny-sft` fine-tuned on its hybrid mixture
+  plus the kept traces, and RLOO on NL2SQL from `tiny-base`, from `tiny-sft` and from that SFT, then the last on
+  the unseen held-out databases."""
   rl = dict(total_steps=16, checkpoint_every=4, rlvr__eval_prompts=96)
   return {
       # The copy phase (quoted drill), then the teacher from it with the drill kept as a tenth of its rows.

@@ -163,21 +163,6 @@ def test_chat_tool_fraction_outside_zero_one_is_a_config_error(tok, data):
     sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)
 
 
-def test_nl2sql_questions_spell_text_values_with_the_tokens_of_the_query(tok):
-  """A question quotes a text value as the SQL literal does, so the copy into the query is token for token
-  (unquoted, `▁Daegu` in the question vs `Daegu` after the query's quote: 62% of values were spelled apart)."""
-  contains = lambda hay, needle: any(hay[i:i + len(needle)] == needle for i in range(len(hay) - len(needle) + 1))
-  apart = total = 0
-  for example in suites.load('nl2sql', 'train'):
-    question, query = tok.encode(example.prompt), tok.encode(example.answer)
-    for value in example.meta['values']:
-      if not value.isdigit():
-        total += 1
-        pieces = tok.encode(value)   # as at the text start, or after a quote: no word-start piece
-        apart += not (contains(question, pieces) and contains(query, pieces))
-  assert total > 500 and apart / total < 0.02, (apart, total)   # a few values' first piece merges the quote
-
-
 def test_nl2sql_thinking_restates_the_question_values():
   """The query copies a question's values (a city, a name): the thinking names them first, a short copy away."""
   example = next(e for e in suites.load('nl2sql', 'teacher') if e.meta['values'])

@@ -186,7 +186,6 @@ def teacher_sources(tokenizer: Tokenizer, *, seed: int = 0, chat_tool_fraction: 
   disjoint from the student's train and held-out splits) plus the NL2SQL of `nl2sql.teacher_suite`,
   curated like the suites': ({'reasoning': [...], 'concise': [...]}, DEFAULT_WEIGHTS), each element
   `render_example`'s dict. NL2SQL golds run through the sandbox."""
-  from luckystar.data import nl2sql  # builds databases; only needed here
   extra, _ = nl2sql.curate(nl2sql.teacher_suite(seed=seed), lambda text: len(tokenizer.encode(text)))
   return sft_sources(tokenizer, seed=seed, split='teacher', reasoning_tasks=TEACHER_REASONING_TASKS,
                      concise_tasks=CONCISE_TASKS, chat_tool_fraction=chat_tool_fraction,

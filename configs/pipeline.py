@@ -32,8 +32,8 @@ Measured on 2 CPU cores (seed 0): 73 min; the report is experiments/paper_reprod
 "Paper reproduction"): English thinking beats Korean thinking (Table 1, by 2 of 64 prompts), the recipe
 beats the base on reasoning-mode math, and int4 keeps the scores (1.8 points); the penalty's effect on
 drift (Table 2), the cold start, DPO's length cut and Table 4 do not reproduce at this size.
-`:cold_start`: the NL2SQL cold start alone, at full size, its teacher started from a copy phase
-(`cold_start_stages`; experiments/cold_start.py runs it and writes experiments/cold_start.md).
+`:cold_start`: the NL2SQL cold start alone, at full size, its teacher and its student each started from a
+copy phase (`cold_start_stages`; experiments/cold_start.py runs it and writes experiments/cold_start.md).
 `:smoke` (tests): the chain teacher → rejection_sampling → sft → rlvr → dpo → quantize → eval with a
 few steps and prompts each; DPO starts from a random policy (a barely trained one is never verbose,
 so it would have no pairs).
@@ -110,9 +110,10 @@ def full_stages() -> dict[str, ml_collections.ConfigDict]:
 
 def cold_start_stages() -> dict[str, ml_collections.ConfigDict]:
   """Issue 5's cold start on its own (experiments/cold_start.py): a copy phase (`configs/sft.py:copy`), a tiny
-  teacher started from it, best-of-8 on the RS-only NL2SQL prompts, `tiny-sft` fine-tuned on its hybrid mixture
-  plus the kept traces, and RLOO on NL2SQL from `tiny-base`, from `tiny-sft` and from that SFT, then the last on
-  the unseen held-out databases."""
+  teacher started from it, best-of-8 on the RS-only NL2SQL prompts, `tiny-sft` given the same copy phase and then
+  fine-tuned on its hybrid mixture plus the kept traces, and RLOO on NL2SQL from `tiny-base`, from `tiny-sft` and
+  from that SFT, then the last on the unseen held-out databases. Both copy phases run with the teacher's full
+  512-token attention window (`configs/sft.py:copy`), which the two control arms do not have."""
   rl = dict(total_steps=16, checkpoint_every=4, rlvr__eval_prompts=96)
   return {
       # The copy phase (quoted drill), then the teacher from it with the drill kept as a tenth of its rows.
@@ -120,12 +121,15 @@ def cold_start_stages() -> dict[str, ml_collections.ConfigDict]:
       'teacher': stage('sft', 'teacher', init_from='@copy',
                        sft__mixture=ml_collections.ConfigDict(dict(reasoning=0.72, concise=0.18, copy=0.1))),
       'rejection_sampling': stage('rejection_sampling', init_from='@teacher', rejection_sampling__tasks=('nl2sql',)),
+      # The student's own copy phase: `tiny-sft` cannot copy a value either, and fine-tuned on the traces alone
+      # it writes one memorised value per template (held-out NL2SQL 0 of 96; experiments/cold_start.md).
+      'student_copy': stage('sft', 'copy', init_from='tiny-sft'),
       # The kept traces as a mixture source of their own (a few hundred among ~8000 conversations would
-      # otherwise be drawn a few times each in 300 steps).
-      'sft': stage('sft', init_from='tiny-sft', total_steps=300, learning_rate=3e-4, warmup_steps=10, eval_every=0,
-                   checkpoint_every=100, sft__eval_examples_per_source=16, sft__task_eval__per_task_language=0,
-                   sft__rs_traces='@rejection_sampling/rs_traces.jsonl',
-                   sft__mixture=ml_collections.ConfigDict(dict(reasoning=0.6, concise=0.2, rs=0.2))),
+      # otherwise be drawn a few times each in 300 steps), and the drill kept up as the teacher's is.
+      'sft': stage('sft', init_from='@student_copy', total_steps=300, learning_rate=3e-4, warmup_steps=10,
+                   eval_every=0, checkpoint_every=100, sft__eval_examples_per_source=16,
+                   sft__task_eval__per_task_language=0, sft__rs_traces='@rejection_sampling/rs_traces.jsonl',
+                   sft__mixture=ml_collections.ConfigDict(dict(reasoning=0.55, concise=0.15, rs=0.2, copy=0.1))),
       'nl2sql_from_base': _cold_start('tiny-base', **rl),
       'nl2sql_from_tiny_sft': _cold_start('tiny-sft', **rl),
       'nl2sql_from_sft': _cold_start('@sft', **rl),

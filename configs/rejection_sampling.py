@@ -6,7 +6,7 @@
 
 Best-of-8 at temperature 1.0 from `teacher` (`configs/sft.py:teacher`: `tiny-base` with a full
 512-token attention window, trained 800 steps on the teacher split's own databases and questions plus
-32 mixed-wording teacher databases per domain) over the student's RS-only train prompts: every
+32 mixed-wording and 16 training-wording teacher databases per domain) over the student's RS-only train prompts: every
 NL2SQL prompt in both languages (144) and Korean math of difficulty 2 (238), the SQL run in the
 sandbox. Keeps every verified-correct trace, deduplicated; for Korean prompts only English thinking
 with a Korean response. Writes rs_traces.jsonl, rs_stats.json and rs_stats.md (pass@1 and pass@8 per
@@ -14,9 +14,9 @@ task and language, kept traces per prompt, drops by the Korean language filter);
 same workdir reuses them.
 No `teacher` is bundled (a copy phase and the teacher take ~40 min on 2 CPU cores): pass
 --config.init_from=<teacher run dir>, or run `configs/pipeline.py:cold_start`, which trains it first.
-Measured there (experiments/cold_start.md, NL2SQL prompts only, 7 min): pass@1 1.3%, pass@8 6.2% (9 of 144
-prompts, 15 traces kept; English 7.1%, Korean 5.4%); it copies some of the question's (quoted) values, and
-often writes another database's table and column names.
+Measured there (experiments/cold_start.md, NL2SQL prompts only, 7 min): pass@1 8.5%, pass@8 27.8% (40 of 144
+prompts, 96 traces kept; English 34.3%, Korean 21.6%); it reads the table and column names right in most
+queries, and copies a question's (quoted) values only some of the time.
 
 `:smoke` (tests): an untrained `tiny` teacher, 1 prompt per task × 2 samples of ≤ 16 tokens; it
 keeps nothing, but runs every step and writes every file.

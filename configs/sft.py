@@ -15,7 +15,8 @@ calculator) 6% → 100% on the run's eval set, 99.2% in the README table, hybrid
 `:base` makes `tiny-base` from random init (≈ 60 min; train/loss 7.3 → 0.50, eval/loss 9.0 → 0.80;
 held-out concise Korean MC 61%, chat 57% en / 19% ko).
 `python experiments/bundled_models.py tiny-base tiny-sft` runs both and exports them.
-`:copy`: the copy phase the cold-start teacher starts from (`configs/pipeline.py:cold_start`): `tiny-base` on
+`:copy`: the copy phase the cold-start teacher (and, from `tiny-sft`, its student) starts from
+(`configs/pipeline.py:cold_start`): `tiny-base` on
 the quoted copy drill alone (`Repeat: '<word>'` or `'<word>': repeat it` → `It is '<word>'`, the word made up
 or a person's or company's name; `conversations.copy_sources`), 800 steps, ≈ 8 min; eval/loss 8.3 → 0.63,
 greedy: 15 of 32 made-up words and 4 of 32 of the student's NL2SQL values copied. `--config.sft.copy_drill=plain`
@@ -64,8 +65,8 @@ def get_config(arg=None):
     config.sft.eval_examples_per_source = 32
     config.sft.task_eval.per_task_language = 0   # the bundling script evaluates the result
   elif arg == 'teacher':  # the rejection-sampling teacher (DESIGN §5): tiny-base on the teacher's data only
-    # The teacher split plus `nl2sql.teacher_suite` (32 mixed-wording databases per domain): ~3000 reasoning and
-    # ~960 concise conversations. Every layer sees the whole 512-token row: a query names tables and columns
+    # The teacher split plus `nl2sql.teacher_suite` (32 mixed-wording and 16 training-wording databases per domain):
+    # ~4000 reasoning and ~960 concise conversations. Every layer sees the whole 512-token row: a query names tables and columns
     # from the schema and values from the question, 60-250 tokens back, beyond `tiny`'s 64-token window (only
     # 1 layer in 4 is global there). Measured (experiments/cold_start.md): ~33 min on 2 CPU cores.
     config.init_from = 'tiny-base'

@@ -140,11 +140,15 @@ def test_base_sources_are_concise_conversations_and_plain_text(tok):
 
 
 @pytest.mark.parametrize('split', ['train', 'heldout'])
-def test_the_teachers_copy_drill_is_rendered_only_when_its_mixture_weighs_it(tok, monkeypatch, split):
+@pytest.mark.parametrize('variant', ['teacher', None])   # the teacher's data and the student's conversations
+def test_the_copy_drill_is_rendered_only_when_the_mixture_weighs_it(tok, monkeypatch, split, variant):
   own = ({'reasoning': [{'tokens': np.ones(3, np.int32)}], 'concise': []}, dict(conversations.DEFAULT_WEIGHTS))
   monkeypatch.setattr(conversations, 'teacher_sources', lambda *a, **k: (dict(own[0]), dict(own[1])))
   monkeypatch.setattr(conversations, 'sft_sources', lambda *a, **k: (dict(own[0]), dict(own[1])))
-  config = config_lib.from_file('configs/sft.py', 'teacher')
+  config = config_lib.from_file('configs/sft.py', variant)
+  raw, weights = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
+  assert 'copy' in raw if variant else 'copy' not in raw   # the teacher's mixture names it with weight 0
+  config.sft.mixture.copy = 0.0
   raw, weights = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
   assert (raw['copy'], weights['copy'], raw['reasoning']) == ([], 0.0, own[0]['reasoning'])   # weight 0: none built
   config.sft.mixture.copy = 0.1

@@ -9,6 +9,7 @@ import pytest
 
 from luckystar.data import chat, function_calling, korean, korean_mc, loaders, math_problems, nl2sql, suites
 from luckystar.data.examples import LANGUAGES, SPLITS, TASKS
+from luckystar.tools import sql as sql_tool
 
 
 @pytest.fixture(scope='session')
@@ -103,7 +104,14 @@ def test_teacher_databases_mix_the_wordings_and_share_no_question_with_the_stude
   assert teacher == nl2sql.teacher_suite(db_dir) and {e.split for e in teacher} == {'teacher'}
   student = {e.prompt for e in all_examples['nl2sql'] if e.split != 'teacher'}
   assert not {e.prompt for e in teacher} & student
-  assert {e.meta['db_id'] for e in teacher} == {f'{d}_t{k}' for d in nl2sql.DOMAINS for k in range(nl2sql.TEACHER_WORDINGS)}
+  assert {e.meta['db_id'] for e in teacher} == {f'{d}_{kind}{k}' for d in nl2sql.DOMAINS for kind, count in (
+      ('t', nl2sql.TEACHER_WORDINGS), ('s', nl2sql.TEACHER_TRAIN_WORDING)) for k in range(count)}
+  # The train-wording teacher databases have the training schema but rows of their own.
+  train = nl2sql.build_databases(db_dir)['sales_0']
+  own = next(e.meta['db_path'] for e in teacher if e.meta['db_id'] == 'sales_s0')
+  customers = lambda path: {row[0] for row in sqlite3.connect(path).execute('SELECT name FROM customers')}
+  assert sql_tool.schema(own) == sql_tool.schema(train)
+  assert len(customers(own) & customers(train)) < len(customers(own)) // 10
   for e in teacher[::50]:
     with sqlite3.connect(e.meta['db_path']) as conn:
       conn.execute(e.answer).fetchall()

@@ -148,7 +148,7 @@ def _user_text(tok, ids):
 def test_teacher_sources_use_only_teacher_split_prompts(tok):
   sources, weights = conversations.teacher_sources(tok)
   assert weights == conversations.DEFAULT_WEIGHTS
-  extra, _ = nl2sql.curate(nl2sql.teacher_suite(), lambda text: len(tok.encode(text)))   # mixed-wording databases
+  extra, _ = nl2sql.curate(nl2sql.teacher_suite(), lambda text: len(tok.encode(text)))   # its extra databases
   splits = {split: {e.prompt for task in suites.TASKS for e in suites.load(task, split)}
             for split in ('teacher', 'train', 'heldout')}
   for mode, tasks, more in (('reasoning', ('nl2sql', 'math', 'function_calling', 'korean_mc', 'chat'), extra),

@@ -494,8 +494,14 @@ def suite(db_paths: dict[str, pathlib.Path] | None = None, per_template: int = 3
 # own mix of the domain's wordings: every logical name is drawn from the three wordings, so a query is
 # right only if the names are read off the schema in the prompt. No mix equals a student database's
 # wording whole, and no question text of a student split is kept, so no teacher prompt is a student's.
+# The tiny teacher reads only short schemas that way (greedy on 48 student RS prompts after 800 steps: the
+# right names in 10, all of them HR's two-table schema; experiments/cold_start.md), so it also trains on
+# TEACHER_TRAIN_WORDING databases per domain in the training split's wording, as a stronger teacher knows a
+# schema convention: their own rows (so their own people, companies and places) and questions, the names
+# known, the values still to be copied from the question. The held-out split's wording stays unseen.
 
 TEACHER_WORDINGS = 32
+TEACHER_TRAIN_WORDING = 16
 
 
 def teacher_wordings(domain: str, count: int = TEACHER_WORDINGS, seed: int = 0) -> list[dict[str, str]]:
@@ -513,19 +519,23 @@ def teacher_wordings(domain: str, count: int = TEACHER_WORDINGS, seed: int = 0) 
 
 
 def teacher_suite(directory: str | pathlib.Path | None = None, *, count: int = TEACHER_WORDINGS,
-                  per_template: int = 6, seed: int = 0) -> list[Example]:
-  """Questions (split 'teacher') over `count` extra teacher databases per domain, `<dir>/<domain>_t<k>/`,
-  built on first use; question texts of the student's train and held-out splits are dropped."""
+                  train_wording: int = TEACHER_TRAIN_WORDING, per_template: int = 6, seed: int = 0) -> list[Example]:
+  """Questions (split 'teacher') over `count` mixed-wording teacher databases per domain, `<dir>/<domain>_t<k>/`,
+  and `train_wording` in the training split's wording, `<dir>/<domain>_s<k>/`, each built on first use with
+  its own rows; question texts of the student's train and held-out splits are dropped."""
   directory = pathlib.Path(directory or default_dir())
   student = {e.prompt for e in suite(build_databases(directory, seed), seed=seed) if e.split != 'teacher'}
   rng = random.Random(f'nl2sql-teacher-questions:{seed}')
+  train = next(variant for split, variant in INSTANCES.values() if split == 'train')
   examples = []
   for domain in DOMAINS:
-    for k, wording in enumerate(teacher_wordings(domain, count, seed)):
-      name = f'{domain}_t{k}'
+    databases = [*((f't{k}', w) for k, w in enumerate(teacher_wordings(domain, count, seed))),
+                 *((f's{k}', _NAMING[domain][train]) for k in range(train_wording))]
+    for label, wording in databases:
+      name = f'{domain}_{label}'
       path = directory / name / f'{name}.sqlite'
       if not path.is_file() or _tables(path) != {wording[key] for key in _TABLE_KEYS[domain]}:
-        build_database(path, domain, f't{k}', seed, naming=wording)
+        build_database(path, domain, label, seed, naming=wording)
       examples += _questions(name, path, domain, wording, 'teacher', rng, per_template)
   return [e for e in dedupe(examples) if e.prompt not in student]
 

@@ -7,8 +7,8 @@ Config (`config.sft`): `seq_len` (packed row length), `mixture` (source → weig
 ('conversations': `luckystar.data.conversations.sft_sources`, train split for training and the
 heldout split for `eval/*`; 'base': `conversations.base_sources`, the concise-only mixture that
 makes `tiny-base`; 'teacher': `conversations.teacher_sources`, the rejection-sampling teacher's
-mixture from the teacher split, plus the copy drill where `mixture` weighs it; 'copy':
-`conversations.copy_sources`, the copy drill alone, a phase to start the teacher from; 'synthetic': a
+mixture from the teacher split; both take the copy drill as a source 'copy' where `mixture` weighs it; 'copy':
+`conversations.copy_sources`, the copy drill alone, a phase to start a run from; 'synthetic': a
 tiny learnable token task for smoke tests),
 `rs_traces` (a `rs_traces.jsonl` of the rejection_sampling stage whose traces join the train split's
 'reasoning' source of the 'conversations' data; '' = none),
@@ -149,12 +149,6 @@ def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vo
                     if split == 'train' else
                     conversations.sft_sources(tokenizer, seed=config.seed, split=split, chat_tool_fraction=fraction,
                                               reasoning_tasks=conversations.TEACHER_REASONING_TASKS))
-    # The copy drill (data 'copy') as a source of its own, to keep up a copy phase the teacher starts from;
-    # rendered only when config.sft.mixture gives it a weight (an empty source otherwise).
-    copy_weight = (config.sft.mixture or {}).get('copy', 0.0)
-    raw['copy'] = conversations.copy_sources(tokenizer, seed=config.seed, split=split, drill=config.sft.copy_drill
-                                             )[0]['copy'] if copy_weight else []
-    weights['copy'] = copy_weight
   elif config.sft.data == 'copy':  # the copy drill; held-out: new draws
     raw, weights = conversations.copy_sources(tokenizer, seed=config.seed, split=split, drill=config.sft.copy_drill)
   elif config.sft.data == 'base':
@@ -162,6 +156,11 @@ def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vo
   else:
     raise ValueError(f'config.sft.data={config.sft.data!r}; expected "conversations", "teacher", "copy", "base" '
                      'or "synthetic"')
+  if config.sft.data in ('conversations', 'teacher') and 'copy' in (config.sft.mixture or {}):
+    # The copy drill (data 'copy') as a source of its own, to keep up a copy phase the run starts from;
+    # rendered only when config.sft.mixture gives it a weight (an empty source otherwise).
+    raw['copy'] = conversations.copy_sources(tokenizer, seed=config.seed, split=split, drill=config.sft.copy_drill
+                                             )[0]['copy'] if config.sft.mixture.copy else []
   if config.sft.mixture:
     weights = dict(config.sft.mixture)
     if set(weights) != set(raw):

@@ -6,8 +6,8 @@
 
 Best-of-8 at temperature 1.0 from `teacher` (`configs/sft.py:teacher`: `tiny-base` with a full
 512-token attention window, trained 800 steps on the teacher split's own databases and questions plus
-32 mixed-wording and 16 training-wording teacher databases per domain) over the student's RS-only train prompts: every
-NL2SQL prompt in both languages (144) and Korean math of difficulty 2 (238), the SQL run in the
+32 mixed-wording and 16 training-wording teacher databases per domain) over the student's RS-only train
+prompts: every NL2SQL prompt in both languages (144) and Korean math of difficulty 2 (238), the SQL run in the
 sandbox. Keeps every verified-correct trace, deduplicated; for Korean prompts only English thinking
 with a Korean response. Writes rs_traces.jsonl, rs_stats.json and rs_stats.md (pass@1 and pass@8 per
 task and language, kept traces per prompt, drops by the Korean language filter); re-running on the

@@ -65,10 +65,10 @@ def get_config(arg=None):
     config.sft.eval_examples_per_source = 32
     config.sft.task_eval.per_task_language = 0   # the bundling script evaluates the result
   elif arg == 'teacher':  # the rejection-sampling teacher (DESIGN §5): tiny-base on the teacher's data only
-    # The teacher split plus `nl2sql.teacher_suite` (32 mixed-wording and 16 training-wording databases per domain):
-    # ~4000 reasoning and ~960 concise conversations. Every layer sees the whole 512-token row: a query names tables and columns
-    # from the schema and values from the question, 60-250 tokens back, beyond `tiny`'s 64-token window (only
-    # 1 layer in 4 is global there). Measured (experiments/cold_start.md): ~33 min on 2 CPU cores.
+    # The teacher split plus `nl2sql.teacher_suite` (32 mixed-wording and 16 training-wording databases per
+    # domain): ~4000 reasoning and ~960 concise conversations. Every layer sees the whole 512-token row: a query
+    # names tables and columns from the schema and values from the question, 60-250 tokens back, beyond
+    # `tiny`'s 64-token window (only 1 layer in 4 is global there). Measured (experiments/cold_start.md): ~33 min on 2 CPU cores.
     config.init_from = 'tiny-base'
     config.model_overrides = ml_collections.ConfigDict(dict(sliding_window=512))
     config.total_steps = 800

@@ -11,10 +11,11 @@ Runs the user's command, `python -m luckystar.main --config=configs/pipeline.py:
 `configs/sft.py:copy`) → a tiny teacher started from it, trained on its own databases (`nl2sql.teacher_suite`:
 mixed schema wordings and the training wording with rows of their own, never a student prompt) → best-of-8
 from it on the student's RS-only NL2SQL prompts → `tiny-sft` given the same copy phase, then fine-tuned
-with the kept traces in its hybrid mixture (the drill kept up at 10%) → RLOO on NL2SQL from `tiny-base`, from `tiny-sft` (no traces) and from that SFT. Then reads the stages'
-outputs and writes experiments/cold_start.md: the teacher's pass@1/pass@8, the zero-variance-group
-fraction and RL-batch correctness per arm, held-out NL2SQL (new questions over the training databases,
-`rloo.eval_pool`) at step 0 and at the end, and the unseen held-out databases after RL.
+with the kept traces in its hybrid mixture (the drill kept up at 10%) → RLOO on NL2SQL from `tiny-base`,
+from `tiny-sft` (no traces) and from that SFT. Then reads the stages' outputs and writes
+experiments/cold_start.md: the teacher's pass@1/pass@8, the zero-variance-group fraction and RL-batch
+correctness per arm, held-out NL2SQL (new questions over the training databases, `rloo.eval_pool`) at
+step 0 and at the end, and the unseen held-out databases after RL.
 """
 
 import json

@@ -110,8 +110,9 @@ def full_stages() -> dict[str, ml_collections.ConfigDict]:
 
 def cold_start_stages() -> dict[str, ml_collections.ConfigDict]:
   """Issue 5's cold start on its own (experiments/cold_start.py): a copy phase (`configs/sft.py:copy`), a tiny
-  teacher started from it, best-of-8 on the RS-only NL2SQL prompts, `tiny-sft` given the same copy phase and then
-  fine-tuned on its hybrid mixture plus the kept traces, and RLOO on NL2SQL from `tiny-base`, from `tiny-sft` and
+  teacher started from it, best-of-8 on the RS-only NL2SQL prompts, `tiny-sft` given the same copy phase and the
+  drill in the traces' form (`named`), then fine-tuned on its hybrid mixture plus the kept traces and that drill, and
+  RLOO on NL2SQL from `tiny-base`, from `tiny-sft` and
   from that SFT, then the last on the unseen held-out databases. Both copy phases run with the teacher's full
   512-token attention window (`configs/sft.py:copy`), which the two control arms do not have."""
   rl = dict(total_steps=16, checkpoint_every=4, rlvr__eval_prompts=96)
@@ -124,12 +125,18 @@ def cold_start_stages() -> dict[str, ml_collections.ConfigDict]:
       # The student's own copy phase: `tiny-sft` cannot copy a value either, and fine-tuned on the traces alone
       # it writes one memorised value per template (held-out NL2SQL 0 of 96; experiments/cold_start.md).
       'student_copy': stage('sft', 'copy', init_from='tiny-sft'),
+      # Then the drill in the traces' own form (`conversations.named_messages`): with the `It is` form alone the
+      # student's thinking line named a memorised value for every question.
+      'student_named': stage('sft', 'copy', init_from='@student_copy', total_steps=1500, sft__copy_drill='named',
+                             sft__seq_len=128),
       # The kept traces as a mixture source of their own (a few hundred among ~8000 conversations would
-      # otherwise be drawn a few times each in 300 steps), and the drill kept up as the teacher's is.
-      'sft': stage('sft', init_from='@student_copy', total_steps=300, learning_rate=3e-4, warmup_steps=10,
+      # otherwise be drawn a few times each), and the named drill kept up (at 0.1 of 300 steps the thinking line
+      # named 4 of 48 held-out-like questions' values and the queries lost their table names: 15 of 48 right).
+      'sft': stage('sft', init_from='@student_named', total_steps=600, learning_rate=3e-4, warmup_steps=10,
                    eval_every=0, checkpoint_every=100, sft__eval_examples_per_source=16,
                    sft__task_eval__per_task_language=0, sft__rs_traces='@rejection_sampling/rs_traces.jsonl',
-                   sft__mixture=ml_collections.ConfigDict(dict(reasoning=0.55, concise=0.15, rs=0.2, copy=0.1))),
+                   sft__copy_drill='named',
+                   sft__mixture=ml_collections.ConfigDict(dict(reasoning=0.35, concise=0.1, rs=0.35, copy=0.2))),
       'nl2sql_from_base': _cold_start('tiny-base', **rl),
       'nl2sql_from_tiny_sft': _cold_start('tiny-sft', **rl),
       'nl2sql_from_sft': _cold_start('@sft', **rl),

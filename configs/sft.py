@@ -21,6 +21,10 @@ the quoted copy drill alone (`Repeat: '<word>'` or `'<word>': repeat it` → `It
 or a person's or company's name; `conversations.copy_sources`), 800 steps, ≈ 8 min; eval/loss 8.3 → 0.63,
 greedy: 15 of 32 made-up words and 4 of 32 of the student's NL2SQL values copied. `--config.sft.copy_drill=plain`
 is experiments/copy_probe.py's unquoted made-up-word drill (eval/loss 7.9 → 0.12, 84% exact teacher-forced).
+`--config.sft.copy_drill=named --config.sft.seq_len=128` is the student's drill in the reasoning traces' form
+(`'<word>'에 대해 알려 주세요.` → thinking `The question names '<word>'.`). From `tiny-sft` after the quoted drill,
+greedy thinking names 0 of 32 student NL2SQL values after 300 steps, 14 of 32 after 1500 (21 min; made-up words
+28 of 32), but only 3 of 48 with a database schema before the question (experiments/cold_start.md, Notes).
 `:smoke` (tests; ~35 s on 2 busy cores, mostly compiling): a random `tiny` model on a synthetic
 reverse-the-prompt task, 4 steps, a checkpoint every 2.
 """
@@ -48,7 +52,7 @@ def get_config(arg=None):
   config.sft.rs_traces = ''             # rs_traces.jsonl of the rejection_sampling stage: joins 'reasoning'; '' = none
   config.sft.thinking_language = 'en'   # 'ko': Korean prompts think in Korean (the paper's Table 1 ablation)
   config.sft.chat_tool_fraction = 0.3   # reasoning chat arithmetic that calls the calculator (the rest answers)
-  config.sft.copy_drill = 'quoted'       # the `copy` source's drill (conversations.COPY_DRILLS): 'quoted' or 'plain'
+  config.sft.copy_drill = 'quoted'       # the `copy` source's drill (conversations.COPY_DRILLS): 'quoted', 'plain', 'named'
   # Held-out task correctness (luckystar.evals.core.Settings): greedy, both modes, per task and language.
   config.sft.task_eval = ml_collections.ConfigDict(dict(per_task_language=8, max_new_tokens=160, batch_size=40))
 

@@ -67,6 +67,29 @@ def test_the_quoted_drill_spells_words_as_nl2sql_and_never_copies_a_student_valu
     conversations.copy_sources(tokenizer, count=1, drill='fancy')
 
 
+def test_the_named_drill_thinks_the_nl2sql_traces_first_line_about_its_own_words():
+  """The student's drill: reasoning mode, the thinking line an NL2SQL trace opens with, naming exactly the
+  request's quoted word (and year), in both languages, never a student value."""
+  tokenizer = tokenizer_lib.default()
+  sources, _ = conversations.copy_sources(tokenizer, seed=0, split='train', count=300, drill='named')
+  student, words, languages, years = nl2sql.student_values(0), [], set(), 0
+  for item in sources['copy']:
+    tokens, mask = item['tokens'].tolist(), item['loss_mask'].astype(bool)
+    reply = tokenizer.parse_assistant([t for t, m in zip(tokens, mask) if m])
+    request = tokenizer.decode([t for t, m in zip(tokens, mask) if not m])
+    shown = reply.response.removeprefix('It is ')
+    words.append(word := shown[1:-1])
+    assert 'Reasoning mode' in request and shown in request, request
+    year = next((y for y in range(2010, 2026) if f' {y}' in request or f'{y}년' in request), None)
+    years += year is not None
+    assert reply.thinking == conversations.naming([word, year] if year else [word])
+    languages.add('ko' if any('가' <= c <= '힣' for c in request.replace(word, '')) else 'en')
+  assert languages == {'en', 'ko'} and 70 < years < 130 and len(set(words)) > 280 and not student & set(words)
+  example = next(e for e in nl2sql.suite() if e.meta['values'])
+  thinking = conversations.messages(example, 'reasoning')[-3]['thinking']
+  assert thinking.startswith(conversations.naming(example.meta['values']) + ' ')
+
+
 def test_nl2sql_questions_spell_text_values_with_the_tokens_of_the_query():
   """A question quotes a text value as the SQL literal does, so the copy into the query is token for token
   (unquoted, `▁Daegu` in the question vs `Daegu` after the query's quote: 419 of 672 values were spelled apart)."""

@@ -58,11 +58,15 @@ def _thinking(example: Example, thinking_language: str, calls_calculator: bool) 
     return f'The request needs a tool call: {names}. I fill in the arguments from the question.'
   if example.task == 'nl2sql':  # the question's values, restated next to it, are a short copy away for the query
     values = example.meta.get('values')
-    named = f'The question names {", ".join(map(nl2sql.spell, values))}. ' if values else ''
-    return f'{named}I will query the database with SQL, then answer from the result.'
+    return f'{naming(values) + " " if values else ""}I will query the database with SQL, then answer from the result.'
   if calls_calculator:  # chat arithmetic (math traces carry their own thinking)
     return f'This is arithmetic; the calculator gives the exact value of {example.meta["expression"]}.'
   return f'This is a short factual question; the answer is {example.answer}.'
+
+
+def naming(values) -> str:
+  """The thinking line that restates a question's values, spelled as the question spells them (`nl2sql.spell`)."""
+  return f'The question names {", ".join(map(nl2sql.spell, values))}.'
 
 
 def prompt(example: Example) -> list[dict]:
@@ -244,10 +248,22 @@ def read_rs_traces(path: str, *, vocab_size: int | None = None) -> list[dict[str
 #   second prompt form puts the quote at the text start, as Korean questions that open with their value do.
 # Varied drills learned slower: asking for `'word'` after an unquoted prompt (other tokens) grew no circuit in
 # 400 steps, and five prompt and three reply templates with vocabulary words half the time reached 16% in 800.
+# - 'named', the quoted drill in the reasoning traces' own form: a request that quotes a word (and, a third of
+#   the time, a year after it) → thinking `The question names '<word>'[, <year>].` (`naming`, the line an NL2SQL
+#   trace opens with) and the reply `It is '<word>'`. The student of the cold start learns its query from a
+#   hundred traces; copied in the concise `It is` form only, its thinking line named a memorised value for every
+#   question (experiments/cold_start.md). Its requests are not NL2SQL's: no schema, no database words. Measured
+#   there: the student names 14 of 32 real values in these requests after 1500 steps, but 3 of 48 in NL2SQL
+#   prompts, whose schema (100-200 tokens) comes before the question; a drill with such a context is next.
 HANGUL_SYLLABLES = tuple('가나다라마바사아자차카타파하고노도로모보소오조호구누두루무부수우주추리미비시이지기니디')
 LATIN_SYLLABLES = tuple(c + v for c in 'bdfgklmnprstvz' for v in 'aeiou')
 COPY_COUNTS = {'train': 40_000, 'heldout': 512, 'teacher': 40_000}
-COPY_DRILLS = ('plain', 'quoted')
+COPY_DRILLS = ('plain', 'quoted', 'named')
+NAMED_REQUESTS = (('What can you tell me about {0}?', '{0}에 대해 알려 주세요.'),
+                  ('Please find the record of {0}.', '{0}의 기록을 찾아 주세요.'),
+                  ('Is {0} mentioned anywhere?', '{0} 관련 정보가 있나요?'))
+NAMED_YEAR_REQUESTS = (('What happened with {0} in {1}?', '{1}년에 {0}에게 무슨 일이 있었나요?'),
+                       ('Show the notes on {0} from {1}.', '{0}의 {1}년 기록을 보여 주세요.'))
 
 
 def made_up_word(rng: random.Random) -> str:
@@ -265,6 +281,16 @@ def copy_messages(word: str, form: int = 0, quoted: bool = False) -> list[dict]:
   return [{'role': 'user', 'content': request}, {'role': 'assistant', 'response': f'It is {shown}'}]
 
 
+def named_messages(word: str, rng: random.Random) -> list[dict]:
+  """The 'named' drill's conversation (reasoning mode): a request naming `word` (a third of the time a year
+  too), in English or Korean, drawn from `rng`."""
+  year = rng.randint(2010, 2025) if rng.random() < 1 / 3 else None
+  values = [word, year] if year else [word]
+  request = rng.choice(NAMED_YEAR_REQUESTS if year else NAMED_REQUESTS)[rng.randrange(2)]
+  return [{'role': 'user', 'content': request.format(*map(nl2sql.spell, values))},
+          {'role': 'assistant', 'thinking': naming(values), 'response': f'It is {nl2sql.spell(word)}'}]
+
+
 def copy_sources(tokenizer: Tokenizer, *, seed: int = 0, split: str = 'train', count: int | None = None,
                  drill: str = 'plain') -> tuple[dict[str, list], dict[str, float]]:
   """({'copy': [...]}, {'copy': 1.0}): `count` (default COPY_COUNTS[split]) rendered copy drills of kind
@@ -272,14 +298,17 @@ def copy_sources(tokenizer: Tokenizer, *, seed: int = 0, split: str = 'train', c
   if drill not in COPY_DRILLS:
     raise UserError(f'config.sft.copy_drill={drill!r}; expected one of {COPY_DRILLS}')
   rng, drills = random.Random(f'copy:{seed}:{split}' + ('' if drill == 'plain' else f':{drill}')), []
-  if drill == 'quoted':
+  if drill != 'plain':
     values = nl2sql.value_like(random.Random(f'copy-values:{seed}:{split}'), exclude=nl2sql.student_values(seed))
   for _ in range(COPY_COUNTS[split] if count is None else count):
     if drill == 'plain':
-      messages = copy_messages(made_up_word(rng))
+      messages, mode = copy_messages(made_up_word(rng)), 'concise'
     else:
       word = next(values) if rng.random() < 0.5 else made_up_word(rng)
-      messages = copy_messages(word, form=rng.randrange(2), quoted=True)
-    ids, mask = tokenizer.render(messages, 'concise')
+      if drill == 'quoted':
+        messages, mode = copy_messages(word, form=rng.randrange(2), quoted=True), 'concise'
+      else:
+        messages, mode = named_messages(word, rng), 'reasoning'
+    ids, mask = tokenizer.render(messages, mode)
     drills.append({'tokens': np.asarray(ids, np.int32), 'loss_mask': np.asarray(mask, np.int32)})
   return {'copy': drills}, {'copy': 1.0}

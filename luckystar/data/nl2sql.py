@@ -13,6 +13,7 @@ Build the databases (deterministic; a few seconds) with `build_databases(dir)`.
 """
 
 import dataclasses
+import functools
 import os
 import pathlib
 import random
@@ -431,6 +432,7 @@ def value_like(rng: random.Random, exclude: frozenset[str] = frozenset()) -> Ite
       yield value
 
 
+@functools.lru_cache(maxsize=None)   # the copy drill asks once per split, and building the suite takes seconds
 def student_values(seed: int = 0) -> frozenset[str]:
   """Every value a question of the student's splits (train, held-out) names."""
   return frozenset(v for e in suite(seed=seed) if e.split != 'teacher' for v in e.meta['values'])

@@ -1,7 +1,7 @@
 """The NL2SQL cold start (paper §2.3, issue 5): RLOO from the base model gets no reward signal; after
 rejection-sampled SFT it does, and held-out NL2SQL improves.
 
-    python experiments/cold_start.py                                  # ~105 min on 2 CPU cores
+    python experiments/cold_start.py                                  # ~140 min on 2 CPU cores
     python experiments/cold_start.py --workdir=/tmp/cold-start --override=pipeline.stages.nl2sql_from_sft.total_steps=32
 
 (with luckystar installed, `pip install -e .`, or PYTHONPATH=. from the repository root)
@@ -10,8 +10,9 @@ Runs the user's command, `python -m luckystar.main --config=configs/pipeline.py:
 (re-running resumes the first unfinished stage): a copy phase (`tiny-base` on the quoted copy drill,
 `configs/sft.py:copy`) → a tiny teacher started from it, trained on its own databases (`nl2sql.teacher_suite`:
 mixed schema wordings and the training wording with rows of their own, never a student prompt) → best-of-8
-from it on the student's RS-only NL2SQL prompts → `tiny-sft` given the same copy phase, then fine-tuned
-with the kept traces in its hybrid mixture (the drill kept up at 10%) → RLOO on NL2SQL from `tiny-base`,
+from it on the student's RS-only NL2SQL prompts → `tiny-sft` given the same copy phase and then the drill in
+the traces' form (`--config.sft.copy_drill=named`), fine-tuned with the kept traces in its hybrid mixture (the
+named drill kept up at 20%) → RLOO on NL2SQL from `tiny-base`,
 from `tiny-sft` (no traces) and from that SFT. Then reads the stages' outputs and writes
 experiments/cold_start.md: the teacher's pass@1/pass@8, the zero-variance-group fraction and RL-batch
 correctness per arm, held-out NL2SQL (new questions over the training databases, `rloo.eval_pool`) at

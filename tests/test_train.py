@@ -1,5 +1,5 @@
-"""The training core on a toy least-squares loss: gradient accumulation is exact, non-finite updates
-are skipped and counted, checkpoints restore exactly or fail naming the path, metrics files."""
+"""The training core on a toy least-squares loss: gradient accumulation is exact, non-finite and all-zero
+updates are skipped and counted, checkpoints restore exactly or fail naming the path, metrics files."""
 
 import gc
 import json
@@ -92,6 +92,28 @@ def test_non_finite_update_is_skipped_and_counted(mesh):
   state, out = update(state, update.put_batch(toy_batch(3)), rng)
   assert int(out['train/skipped_updates']) == 1 and np.isfinite(float(out['train/loss']))
   assert not np.array_equal(jax.device_get(state.params['w']), before.params['w'])
+
+
+def test_an_all_zero_gradient_moves_nothing_and_is_counted(mesh):
+  """An RLOO batch without signal: after a real step Adam's momentum alone would move the weights."""
+  optimizer = optim.make(_config())
+  state = toy_state(optimizer, mesh)
+  update = step_lib.make_update_fn(toy_loss, optimizer, step_lib.state_shardings_of(state), mesh=mesh,
+                                   grad_accum_steps=2)
+  rng = jax.random.key(0)
+  state, out = update(state, update.put_batch(toy_batch(1)), rng)
+  assert int(out['train/skipped_updates']) == 0 and float(out['train/grad_norm']) > 0
+  before = jax.device_get(state)
+  silent = toy_batch(2)
+  silent['mask'][:] = 0
+  state, out = update(state, update.put_batch(silent), rng)
+  after = jax.device_get(state)
+  assert float(out['train/grad_norm']) == 0 and int(out['train/skipped_updates']) == 1 and int(after.step) == 2
+  np.testing.assert_array_equal(after.params['w'], before.params['w'])
+  jax.tree.map(np.testing.assert_array_equal, after.opt_state, before.opt_state)
+  zeros = jax.tree.map(jnp.zeros_like, before.params)
+  momentum_step, _ = optimizer.update(zeros, before.opt_state, before.params)   # what applying it would do
+  assert np.abs(momentum_step['w']).max() > 1e-3
 
 
 def test_learning_rate_warms_up_then_decays_to_zero():

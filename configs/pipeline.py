@@ -111,11 +111,12 @@ def full_stages() -> dict[str, ml_collections.ConfigDict]:
 def cold_start_stages() -> dict[str, ml_collections.ConfigDict]:
   """Issue 5's cold start on its own (experiments/cold_start.py): a copy phase (`configs/sft.py:copy`), a tiny
   teacher started from it, best-of-8 on the RS-only NL2SQL prompts, `tiny-sft` given the same copy phase and the
-  drill in the traces' form (`named`), then fine-tuned on its hybrid mixture plus the kept traces and that drill, and
-  RLOO on NL2SQL from `tiny-base`, from `tiny-sft` and
-  from that SFT, then the last on the unseen held-out databases. Both copy phases run with the teacher's full
-  512-token attention window (`configs/sft.py:copy`), which the two control arms do not have."""
+  drill in the traces' form (`named`), then fine-tuned on its hybrid mixture plus the kept traces and that drill;
+  RLOO on NL2SQL from that SFT, which then also runs on the unseen held-out databases, and the two controls, RLOO
+  from `tiny-base` and from `tiny-sft`. Both copy phases run with the teacher's full 512-token attention window
+  (`configs/sft.py:copy`), which the controls do not have."""
   rl = dict(total_steps=16, checkpoint_every=4, rlvr__eval_prompts=96)
+  control = rl | dict(total_steps=8)
   return {
       # The copy phase (quoted drill), then the teacher from it with the drill kept as a tenth of its rows.
       'copy': stage('sft', 'copy'),
@@ -137,11 +138,17 @@ def cold_start_stages() -> dict[str, ml_collections.ConfigDict]:
                    sft__task_eval__per_task_language=0, sft__rs_traces='@rejection_sampling/rs_traces.jsonl',
                    sft__copy_drill='named',
                    sft__mixture=ml_collections.ConfigDict(dict(reasoning=0.35, concise=0.1, rs=0.35, copy=0.2))),
-      'nl2sql_from_base': _cold_start('tiny-base', **rl),
-      'nl2sql_from_tiny_sft': _cold_start('tiny-sft', **rl),
-      'nl2sql_from_sft': _cold_start('@sft', **rl),
+      # RLOO from the SFT with DESIGN §5's prompt selection ([1/8, 7/8] at k = 8) over 128 candidates: without
+      # it, 98% of its groups had zero variance and one lucky group in 16 steps was all the signal it got (the
+      # 4.2% → 0.0% run in experiments/cold_start.md). Sampled held-out pass@1 (2 draws) beside the greedy one.
+      'nl2sql_from_sft': _cold_start('@sft', **rl, rlvr__select_pass_rate=(0.125, 0.875), rlvr__eval_samples=2,
+                                     rlvr__selection_prompts=ml_collections.ConfigDict(dict(nl2sql=128))),
       'eval_nl2sql_unseen': _eval('@nl2sql_from_sft', suites=('nl2sql',), modes=('reasoning',), per_suite_language=32,
                                   pass_k_samples=0),
+      # The controls keep every candidate (a filter would keep none) and run 8 steps: 48 × 8 selection rollouts
+      # and 8 × 64 RL rollouts are enough to show they get no reward signal.
+      'nl2sql_from_base': _cold_start('tiny-base', **control),
+      'nl2sql_from_tiny_sft': _cold_start('tiny-sft', **control),
   }
 
 

@@ -12,11 +12,13 @@ Runs the user's command, `python -m luckystar.main --config=configs/pipeline.py:
 mixed schema wordings and the training wording with rows of their own, never a student prompt) → best-of-8
 from it on the student's RS-only NL2SQL prompts → `tiny-sft` given the same copy phase and then the drill in
 the traces' form (`--config.sft.copy_drill=named`), fine-tuned with the kept traces in its hybrid mixture (the
-named drill kept up at 20%) → RLOO on NL2SQL from `tiny-base`,
-from `tiny-sft` (no traces) and from that SFT. Then reads the stages' outputs and writes
-experiments/cold_start.md: the teacher's pass@1/pass@8, the zero-variance-group fraction and RL-batch
-correctness per arm, held-out NL2SQL (new questions over the training databases, `rloo.eval_pool`) at
-step 0 and at the end, and the unseen held-out databases after RL.
+named drill kept up at 20%) → RLOO on NL2SQL from that SFT (prompt selection: pass rate in [1/8, 7/8] at
+k = 8 over 128 candidates), then from `tiny-base` and from `tiny-sft` (no traces; every candidate kept, 8
+steps). Then reads the stages' outputs and writes experiments/cold_start.md: the teacher's pass@1/pass@8,
+per arm the zero-variance fraction of prompt selection's candidates (the comparable "signal" figure: every
+arm measures its own starting policy at k = 8) and of its RL groups, RL-batch correctness, held-out NL2SQL
+(new questions over the training databases, `rloo.eval_pool`; greedy, and for the SFT's arm also pass@1 of 2
+samples) at step 0 and at the end, and the unseen held-out databases after RL.
 """
 
 import json
@@ -36,6 +38,18 @@ def _per_step(workdir: pathlib.Path, arm: str) -> list[str]:
   rows = sweep.read_metrics(workdir / arm)
   train = [r for r in rows if 'train/zero_variance_groups' in r]
   return [f'{100 * r["train/correctness"]:.0f}/{100 * r["train/zero_variance_groups"]:.0f}' for r in train]
+
+
+def _selection(workdir: pathlib.Path, arm: str) -> str:
+  """What the arm's prompt selection kept, and its sampled held-out figures where it logged them."""
+  selection = json.loads((workdir / arm / 'prompt_selection.json').read_text())
+  low, high = selection['fingerprint']['pass_rate']
+  text = (f'{len(selection["kept"])} of {len(selection["pass_rates"])} candidates kept (pass rate in '
+          f'[{low:g}, {high:g}]), {sum(r > 0 for r in selection["pass_rates"].values())} with a correct rollout')
+  sampled = [r['eval/sampled/correctness'] for r in sweep.read_metrics(workdir / arm) if 'eval/sampled/correctness' in r]
+  if sampled:
+    text += f'; sampled held-out pass@1 {100 * sampled[0]:.1f}% → {100 * sampled[-1]:.1f}%'
+  return text
 
 
 def report(workdir: pathlib.Path, overrides: list[str], seconds: float) -> str:
@@ -59,6 +73,8 @@ def report(workdir: pathlib.Path, overrides: list[str], seconds: float) -> str:
             for row in finding['rows']]
   lines += ['', 'RL-batch correctness / zero-variance groups (%) per step:', '']
   lines += [f'- `{arm}`: {" · ".join(_per_step(workdir, arm))}' for arm in ARMS if (workdir / arm).is_dir()]
+  lines += ['', 'Prompt selection (k = 8 by the starting policy) and sampled held-out pass@1:', '']
+  lines += [f'- `{arm}`: {_selection(workdir, arm)}' for arm in ARMS if (workdir / arm / 'stage_done.json').is_file()]
   lines += ['', f'Reproduced: **{"yes" if finding["reproduced"] else "no"}**. {finding["verdict"]}.', '']
   return '\n'.join(lines)
 

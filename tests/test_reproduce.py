@@ -9,6 +9,7 @@ import pytest
 
 from luckystar import config as config_lib
 from luckystar import reproduce
+from luckystar.train import rloo
 import main_runs
 
 
@@ -88,6 +89,8 @@ def test_the_report_reads_each_finding_from_the_stage_outputs(tmp_path):
     _write_stage(tmp_path, name, [{'step': 0, 'eval/correctness': 0.0},
                                   {'step': 1, 'train/zero_variance_groups': zero_variance, 'train/correctness': correct},
                                   {'step': 1, 'eval/correctness': end}])
+    rates = {'a': 0.0, 'b': 0.0, 'c': 0.0, 'd': 0.0} if name == 'nl2sql_from_base' else {'a': 0.0, 'b': 0.25}
+    (tmp_path / name / rloo.SELECTION_FILE).write_text(json.dumps({'pass_rates': rates}))
   _write_stage(tmp_path, 'dpo', [{'step': 0, 'eval/concise/response_length': 20.0, 'eval/concise/correctness': 0.5,
                                   'eval/reasoning/response_length': 60.0, 'eval/reasoning/correctness': 0.2},
                                  {'step': 9, 'eval/concise/response_length': 12.0, 'eval/concise/correctness': 0.49,
@@ -106,7 +109,8 @@ def test_the_report_reads_each_finding_from_the_stage_outputs(tmp_path):
   penalised, free = findings['Table 2']['rows']
   assert penalised[1:5] == pytest.approx([0.0, 5.0, 0.0, 0.0]) and free[1:5] == pytest.approx([5.0, 25.0, 0.0, 25.0])
   assert findings['Table 2']['reproduced']
-  assert findings['Cold start']['reproduced'] and findings['Cold start']['rows'][0][1] == 100.0
+  cold_start = findings['Cold start']
+  assert cold_start['reproduced'] and [row[1] for row in cold_start['rows']] == [100.0, 50.0]
   assert findings['DPO for conciseness']['reproduced']      # −40% length, −1 point in each mode
   assert '40.0%' in findings['DPO for conciseness']['verdict']
   assert findings['Table 3']['reproduced'] and '+20.0 points' in findings['Table 3']['verdict']

@@ -115,8 +115,7 @@ def cold_start_stages() -> dict[str, ml_collections.ConfigDict]:
   RLOO on NL2SQL from that SFT, which then also runs on the unseen held-out databases, and the two controls, RLOO
   from `tiny-base` and from `tiny-sft`. Both copy phases run with the teacher's full 512-token attention window
   (`configs/sft.py:copy`), which the controls do not have."""
-  rl = dict(total_steps=16, checkpoint_every=4, rlvr__eval_prompts=96)
-  control = rl | dict(total_steps=8)
+  control = dict(total_steps=8, checkpoint_every=4, rlvr__eval_prompts=96)
   return {
       # The copy phase (quoted drill), then the teacher from it with the drill kept as a tenth of its rows.
       'copy': stage('sft', 'copy'),
@@ -140,8 +139,12 @@ def cold_start_stages() -> dict[str, ml_collections.ConfigDict]:
                    sft__mixture=ml_collections.ConfigDict(dict(reasoning=0.35, concise=0.1, rs=0.35, copy=0.2))),
       # RLOO from the SFT with DESIGN §5's prompt selection ([1/8, 7/8] at k = 8) over 128 candidates: without
       # it, 98% of its groups had zero variance and one lucky group in 16 steps was all the signal it got (the
-      # 4.2% → 0.0% run in experiments/cold_start.md). Sampled held-out pass@1 (2 draws) beside the greedy one.
-      'nl2sql_from_sft': _cold_start('@sft', **rl, rlvr__select_pass_rate=(0.125, 0.875), rlvr__eval_samples=2,
+      # 4.2% → 0.0% run in experiments/cold_start.md). Overlong rollouts count as wrong: dropped (the default),
+      # they were 50% of the RL batches by step 30 and held-out format_ok fell 62% → 26% over 48 steps. Sampled
+      # held-out pass@1 (2 draws) beside the greedy one, every 16 steps.
+      'nl2sql_from_sft': _cold_start('@sft', total_steps=32, checkpoint_every=8, eval_every=16,
+                                     rlvr__eval_prompts=144, rlvr__eval_samples=2, rlvr__drop_overlong=False,
+                                     rlvr__select_pass_rate=(0.125, 0.875),
                                      rlvr__selection_prompts=ml_collections.ConfigDict(dict(nl2sql=128))),
       'eval_nl2sql_unseen': _eval('@nl2sql_from_sft', suites=('nl2sql',), modes=('reasoning',), per_suite_language=32,
                                   pass_k_samples=0),

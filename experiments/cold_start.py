@@ -1,7 +1,7 @@
 """The NL2SQL cold start (paper §2.3, issue 5): RLOO from the base model gets no reward signal; after
 rejection-sampled SFT it does, and held-out NL2SQL improves.
 
-    python experiments/cold_start.py                                  # ~140 min on 2 CPU cores
+    python experiments/cold_start.py                                  # ~90 min on 2 CPU cores
     python experiments/cold_start.py --workdir=/tmp/cold-start --override=pipeline.stages.nl2sql_from_sft.total_steps=32
 
 (with luckystar installed, `pip install -e .`, or PYTHONPATH=. from the repository root)
@@ -9,16 +9,17 @@ rejection-sampled SFT it does, and held-out NL2SQL improves.
 Runs the user's command, `python -m luckystar.main --config=configs/pipeline.py:cold_start --workdir=W`
 (re-running resumes the first unfinished stage): a copy phase (`tiny-base` on the quoted copy drill,
 `configs/sft.py:copy`) → a tiny teacher started from it, trained on its own databases (`nl2sql.teacher_suite`:
-mixed schema wordings and the training wording with rows of their own, never a student prompt) → best-of-8
-from it on the student's RS-only NL2SQL prompts → `tiny-sft` given the same copy phase and then the drill in
-the traces' form (`--config.sft.copy_drill=named`), fine-tuned with the kept traces in its hybrid mixture (the
-named drill kept up at 20%) → RLOO on NL2SQL from that SFT (prompt selection: pass rate in [1/8, 7/8] at
-k = 8 over 128 candidates), then from `tiny-base` and from `tiny-sft` (no traces; every candidate kept, 8
-steps). Then reads the stages' outputs and writes experiments/cold_start.md: the teacher's pass@1/pass@8,
-per arm the zero-variance fraction of prompt selection's candidates (the comparable "signal" figure: every
-arm measures its own starting policy at k = 8) and of its RL groups, RL-batch correctness, held-out NL2SQL
-(new questions over the training databases, `rloo.eval_pool`; greedy, and for the SFT's arm also pass@1 of 2
-samples) at step 0 and at the end, and the unseen held-out databases after RL.
+mixed schema wordings and the training wording with rows of their own, never a student prompt) → best-of-8 from
+it on the student's RS-only NL2SQL prompts → `tiny-sft` given the same copy phase and then the drill in the
+traces' form (`--config.sft.copy_drill=named`), fine-tuned with the kept traces in its hybrid mixture (the named
+drill kept up at 20%) → RLOO on NL2SQL from that SFT (prompt selection: pass rate in [1/8, 7/8] at k = 8 over
+128 candidates; 32 steps, overlong rollouts scored as wrong, held-out eval every 16), then from `tiny-base` and
+from `tiny-sft` (no traces; every candidate kept, 8 steps). Then reads the stages' outputs and writes
+experiments/cold_start.md: the teacher's pass@1/pass@8, per arm the zero-variance fraction of prompt selection's
+candidates (the comparable "signal" figure: every arm measures its own starting policy at k = 8) and of its RL
+groups, RL-batch correctness, held-out NL2SQL (new questions over the training databases, `rloo.eval_pool`;
+greedy, and for the SFT's arm also pass@1 of 2 samples) at step 0 and at the end (the SFT's arm: every 16
+steps), and the unseen held-out databases after RL.
 """
 
 import json
@@ -41,14 +42,17 @@ def _per_step(workdir: pathlib.Path, arm: str) -> list[str]:
 
 
 def _selection(workdir: pathlib.Path, arm: str) -> str:
-  """What the arm's prompt selection kept, and its sampled held-out figures where it logged them."""
+  """What the arm's prompt selection kept, and its held-out figures at every eval step (greedy, and sampled
+  pass@1 where it logged them)."""
   selection = json.loads((workdir / arm / 'prompt_selection.json').read_text())
   low, high = selection['fingerprint']['pass_rate']
   text = (f'{len(selection["kept"])} of {len(selection["pass_rates"])} candidates kept (pass rate in '
           f'[{low:g}, {high:g}]), {sum(r > 0 for r in selection["pass_rates"].values())} with a correct rollout')
-  sampled = [r['eval/sampled/correctness'] for r in sweep.read_metrics(workdir / arm) if 'eval/sampled/correctness' in r]
+  rows = [r for r in sweep.read_metrics(workdir / arm) if 'eval/correctness' in r]
+  text += '; held-out greedy ' + ' → '.join(f'{100 * r["eval/correctness"]:.1f}% (step {r["step"]})' for r in rows)
+  sampled = [r['eval/sampled/correctness'] for r in rows if 'eval/sampled/correctness' in r]
   if sampled:
-    text += f'; sampled held-out pass@1 {100 * sampled[0]:.1f}% → {100 * sampled[-1]:.1f}%'
+    text += '; sampled pass@1 ' + ' → '.join(f'{100 * v:.1f}%' for v in sampled)
   return text
 
 

@@ -2,7 +2,7 @@
 rejection-sampled SFT it does, and held-out NL2SQL improves.
 
     python experiments/cold_start.py                                  # ~90 min on 2 CPU cores
-    python experiments/cold_start.py --workdir=/tmp/cold-start --override=pipeline.stages.nl2sql_from_sft.total_steps=32
+    python experiments/cold_start.py --workdir=/tmp/cold-start --override=pipeline.stages.nl2sql_from_sft.total_steps=64
 
 (with luckystar installed, `pip install -e .`, or PYTHONPATH=. from the repository root)
 
@@ -77,7 +77,7 @@ def report(workdir: pathlib.Path, overrides: list[str], seconds: float) -> str:
             for row in finding['rows']]
   lines += ['', 'RL-batch correctness / zero-variance groups (%) per step:', '']
   lines += [f'- `{arm}`: {" · ".join(_per_step(workdir, arm))}' for arm in ARMS if (workdir / arm).is_dir()]
-  lines += ['', 'Prompt selection (k = 8 by the starting policy) and sampled held-out pass@1:', '']
+  lines += ['', 'Prompt selection (k = 8 by the starting policy) and held-out NL2SQL at each eval step:', '']
   lines += [f'- `{arm}`: {_selection(workdir, arm)}' for arm in ARMS if (workdir / arm / 'stage_done.json').is_file()]
   lines += ['', f'Reproduced: **{"yes" if finding["reproduced"] else "no"}**. {finding["verdict"]}.', '']
   return '\n'.join(lines)

@@ -25,6 +25,9 @@ is experiments/copy_probe.py's unquoted made-up-word drill (eval/loss 7.9 → 0.
 (`'<word>'에 대해 알려 주세요.` → thinking `The question names '<word>'.`). From `tiny-sft` after the quoted drill,
 greedy thinking names 0 of 32 student NL2SQL values after 300 steps, 14 of 32 after 1500 (21 min; made-up words
 28 of 32), but only 3 of 48 with a database schema before the question (experiments/cold_start.md, Notes).
+`--config.sft.copy_drill=schema --config.sft.seq_len=512 --config.batch_size=8` is that drill behind the schema
+(a training database's schema, a template's question naming made-up values, the row ending at the thinking): 600
+steps after `named` (≈ 15 min), greedy thinking names 25 of 144 held-out NL2SQL questions' values exactly (2 before).
 `:smoke` (tests; ~35 s on 2 busy cores, mostly compiling): a random `tiny` model on a synthetic
 reverse-the-prompt task, 4 steps, a checkpoint every 2.
 """

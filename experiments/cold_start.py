@@ -1,7 +1,7 @@
 """The NL2SQL cold start (paper §2.3, issue 5): RLOO from the base model gets no reward signal; after
 rejection-sampled SFT it does, and held-out NL2SQL improves.
 
-    python experiments/cold_start.py                                  # ~90 min on 2 CPU cores
+    python experiments/cold_start.py                                  # ~115 min on 2 CPU cores
     python experiments/cold_start.py --workdir=/tmp/cold-start --override=pipeline.stages.nl2sql_from_sft.total_steps=64
 
 (with luckystar installed, `pip install -e .`, or PYTHONPATH=. from the repository root)
@@ -10,9 +10,9 @@ Runs the user's command, `python -m luckystar.main --config=configs/pipeline.py:
 (re-running resumes the first unfinished stage): a copy phase (`tiny-base` on the quoted copy drill,
 `configs/sft.py:copy`) → a tiny teacher started from it, trained on its own databases (`nl2sql.teacher_suite`:
 mixed schema wordings and the training wording with rows of their own, never a student prompt) → best-of-8 from
-it on the student's RS-only NL2SQL prompts → `tiny-sft` given the same copy phase and then the drill in the
-traces' form (`--config.sft.copy_drill=named`), fine-tuned with the kept traces in its hybrid mixture (the named
-drill kept up at 20%) → RLOO on NL2SQL from that SFT (prompt selection: pass rate in [1/8, 7/8] at k = 8 over
+it on the student's RS-only NL2SQL prompts → `tiny-sft` given the same copy phase, then the drill in the
+traces' form (`--config.sft.copy_drill=named`), then that drill behind a training database's schema (`schema`),
+fine-tuned with the kept traces in its hybrid mixture (the schema drill kept up at 20%) → RLOO on NL2SQL from that SFT (prompt selection: pass rate in [1/8, 7/8] at k = 8 over
 128 candidates; 32 steps, overlong rollouts scored as wrong, held-out eval every 16), then from `tiny-base` and
 from `tiny-sft` (no traces; every candidate kept, 8 steps). Then reads the stages' outputs and writes
 experiments/cold_start.md: the teacher's pass@1/pass@8, per arm the zero-variance fraction of prompt selection's

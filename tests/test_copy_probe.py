@@ -3,6 +3,7 @@
 
 import pathlib
 import random
+import re
 import sys
 
 import numpy as np
@@ -88,6 +89,33 @@ def test_the_named_drill_thinks_the_nl2sql_traces_first_line_about_its_own_words
   example = next(e for e in nl2sql.suite() if e.meta['values'])
   thinking = conversations.messages(example, 'reasoning')[-3]['thinking']
   assert thinking.startswith(conversations.naming(example.meta['values']) + ' ')
+
+
+def test_the_schema_drill_names_its_questions_values_behind_a_training_databases_schema():
+  """The named drill behind an NL2SQL context: a training database's schema as the system text, a template's
+  question naming new (never a student's) values, and the row stops at the thinking's end, trained only on
+  the thinking: the trace's own `nl2sql_thinking` of exactly the question's values."""
+  tokenizer = tokenizer_lib.default()
+  sources, _ = conversations.copy_sources(tokenizer, seed=0, split='train', count=200, drill='schema')
+  student = nl2sql.student_values(0)
+  train_systems = {e.system for e in nl2sql.suite() if e.split == 'train'}
+  end_thinking = tokenizer.special_ids[tokenizer_lib.SECTION_TOKENS['thinking'][1]]
+  systems, languages, words = set(), set(), []
+  for item in sources['copy']:
+    tokens, mask = item['tokens'].tolist(), item['loss_mask'].astype(bool)
+    assert tokens[-1] == end_thinking and mask[-1]
+    thinking = tokenizer.parse_assistant([t for t, m in zip(tokens, mask) if m]).thinking
+    prompt = tokenizer.decode([t for t, m in zip(tokens, mask) if not m])
+    named = thinking.removeprefix('The question names ').split('. I will query')[0]
+    assert thinking == conversations.nl2sql_thinking(None).replace('I will', f'The question names {named}. I will')
+    system = next(s for s in train_systems if s in prompt)
+    systems.add(system)
+    question = prompt.split(system)[1]
+    texts = re.findall(r"'(.+?)'(?=, |$)", named)   # a company's name may hold a comma
+    assert texts and all(f"'{v}'" in question for v in texts) and not student & set(texts)
+    words += texts
+    languages.add('ko' if any('가' <= c <= '힣' for c in question.replace(named, '')) else 'en')
+  assert len(systems) == 12 and languages == {'en', 'ko'} and len(set(words)) > 0.95 * len(words)
 
 
 def test_nl2sql_questions_spell_text_values_with_the_tokens_of_the_query():

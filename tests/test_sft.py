@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import main_runs
+from luckystar import config as config_lib
 from luckystar import model
 from luckystar.train import metrics
 from luckystar.train import sft
@@ -166,3 +167,12 @@ def test_finished_run_rerun_changes_nothing(runs):
   assert jax.tree.all(jax.tree.map(np.array_equal, before_params, main_runs.params(whole)))
   assert (whole / 'plots' / 'train_loss.png').exists()
   assert sorted(p.name for p in (whole / 'checkpoints').iterdir()) == ['2', '4']
+
+
+def test_a_seq_len_that_cuts_every_trained_token_of_a_source_is_named():
+  """Packing cuts at seq_len: a source trained only past it would skip every step, so it is an error."""
+  long_prompt = {'tokens': np.arange(100), 'loss_mask': np.r_[np.zeros(90), np.ones(10)]}
+  sft.check_seq_len({'ok': [long_prompt], 'short': [(np.arange(8), np.r_[np.zeros(4), np.ones(4)])]}, 128)
+  with pytest.raises(config_lib.UserError, match=r"config.sft.seq_len=64 cuts the 'ok' source's conversations "
+                                                 r"\(up to 100 tokens\)"):
+    sft.check_seq_len({'ok': [long_prompt]}, 64)

@@ -56,12 +56,16 @@ def _thinking(example: Example, thinking_language: str, calls_calculator: bool) 
   if example.task == 'function_calling':
     names = ', '.join(next(iter(entry)) for entry in json.loads(example.answer))
     return f'The request needs a tool call: {names}. I fill in the arguments from the question.'
-  if example.task == 'nl2sql':  # the question's values, restated next to it, are a short copy away for the query
-    values = example.meta.get('values')
-    return f'{naming(values) + " " if values else ""}I will query the database with SQL, then answer from the result.'
+  if example.task == 'nl2sql':
+    return nl2sql_thinking(example.meta.get('values'))
   if calls_calculator:  # chat arithmetic (math traces carry their own thinking)
     return f'This is arithmetic; the calculator gives the exact value of {example.meta["expression"]}.'
   return f'This is a short factual question; the answer is {example.answer}.'
+
+
+def nl2sql_thinking(values) -> str:
+  """An NL2SQL trace's thinking: the question's values, restated next to it, are a short copy away for the query."""
+  return f'{naming(values) + " " if values else ""}I will query the database with SQL, then answer from the result.'
 
 
 def naming(values) -> str:
@@ -254,11 +258,16 @@ def read_rs_traces(path: str, *, vocab_size: int | None = None) -> list[dict[str
 #   hundred traces; copied in the concise `It is` form only, its thinking line named a memorised value for every
 #   question (experiments/cold_start.md). Its requests are not NL2SQL's: no schema, no database words. Measured
 #   there: the student names 14 of 32 real values in these requests after 1500 steps, but 3 of 48 in NL2SQL
-#   prompts, whose schema (100-200 tokens) comes before the question; a drill with such a context is next.
+#   prompts, whose schema (100-200 tokens) comes before the question.
+# - 'schema', the named drill behind that context: an NL2SQL question over a training database, in its
+#   template's wording, with made-up or person/company values for its text slots (`nl2sql.drill_questions`),
+#   after the database's schema as its system text; the row is the prompt and the trace's thinking
+#   (`nl2sql_thinking`) and stops at the thinking's end, so no reply competes with the query the traces teach.
+#   600 steps of it after 'named': the thinking names 25 of 144 held-out NL2SQL questions' values (2 before).
 HANGUL_SYLLABLES = tuple('가나다라마바사아자차카타파하고노도로모보소오조호구누두루무부수우주추리미비시이지기니디')
 LATIN_SYLLABLES = tuple(c + v for c in 'bdfgklmnprstvz' for v in 'aeiou')
 COPY_COUNTS = {'train': 40_000, 'heldout': 512, 'teacher': 40_000}
-COPY_DRILLS = ('plain', 'quoted', 'named')
+COPY_DRILLS = ('plain', 'quoted', 'named', 'schema')
 NAMED_REQUESTS = (('What can you tell me about {0}?', '{0}에 대해 알려 주세요.'),
                   ('Please find the record of {0}.', '{0}의 기록을 찾아 주세요.'),
                   ('Is {0} mentioned anywhere?', '{0} 관련 정보가 있나요?'))
@@ -300,15 +309,22 @@ def copy_sources(tokenizer: Tokenizer, *, seed: int = 0, split: str = 'train', c
   rng, drills = random.Random(f'copy:{seed}:{split}' + ('' if drill == 'plain' else f':{drill}')), []
   if drill != 'plain':
     values = nl2sql.value_like(random.Random(f'copy-values:{seed}:{split}'), exclude=nl2sql.student_values(seed))
+    words = (next(values) if rng.random() < 0.5 else made_up_word(rng) for _ in iter(int, 1))
+  if drill == 'schema':
+    questions = nl2sql.drill_questions(rng, words, seed)
   for _ in range(COPY_COUNTS[split] if count is None else count):
     if drill == 'plain':
       messages, mode = copy_messages(made_up_word(rng)), 'concise'
+    elif drill == 'quoted':
+      messages, mode = copy_messages(next(words), form=rng.randrange(2), quoted=True), 'concise'
+    elif drill == 'named':
+      messages, mode = named_messages(next(words), rng), 'reasoning'
     else:
-      word = next(values) if rng.random() < 0.5 else made_up_word(rng)
-      if drill == 'quoted':
-        messages, mode = copy_messages(word, form=rng.randrange(2), quoted=True), 'concise'
-      else:
-        messages, mode = named_messages(word, rng), 'reasoning'
+      system, question, named = next(questions)
+      messages, mode = [{'role': 'system', 'content': system}, {'role': 'user', 'content': question},
+                        {'role': 'assistant', 'thinking': nl2sql_thinking(named)}], 'reasoning'
     ids, mask = tokenizer.render(messages, mode)
+    if drill == 'schema':  # up to the thinking's end: the turn would close where a trace calls the SQL tool
+      ids, mask = ids[:-1], mask[:-1]
     drills.append({'tokens': np.asarray(ids, np.int32), 'loss_mask': np.asarray(mask, np.int32)})
   return {'copy': drills}, {'copy': 1.0}

@@ -443,6 +443,11 @@ def _format_names(n: dict[str, str]) -> dict[str, str]:
   return {**n, **{f'{k}_col': v for k, v in n.items()}}
 
 
+def context(name: str, path: pathlib.Path) -> str:
+  """An NL2SQL question's system text: the database's name and schema."""
+  return f'SQLite database `{name}`:\n{sql_tool.schema(path)}'
+
+
 def generate(db_paths: dict[str, pathlib.Path], per_template: int = 30, seed: int = 0) -> Iterator[Example]:
   rng = random.Random(f'nl2sql-questions:{seed}')
   for name, path in sorted(db_paths.items()):
@@ -454,7 +459,7 @@ def generate(db_paths: dict[str, pathlib.Path], per_template: int = 30, seed: in
 def _questions(name: str, path: pathlib.Path, domain: str, n: dict[str, str], split: str, rng: random.Random,
                per_template: int) -> Iterator[Example]:
   """`per_template` draws of each of the domain's templates over one database, in both languages."""
-  schema = sql_tool.schema(path)
+  system = context(name, path)
   conn = sqlite3.connect(f'file:{path}?mode=ro', uri=True)  # our own database: values for the templates
   try:
     for index, template in enumerate(t for t in TEMPLATES if t.domain == domain):
@@ -468,11 +473,37 @@ def _questions(name: str, path: pathlib.Path, domain: str, n: dict[str, str], sp
           yield Example(
               id=f'nl2sql-{name}-{index}-{language}-{rng.getrandbits(32):08x}', task='nl2sql',
               language=language, split=split, prompt=prompt, answer=sql,
-              system=f'SQLite database `{name}`:\n{schema}', difficulty=template.difficulty,
+              system=system, difficulty=template.difficulty,
               meta={'db_id': name, 'db_path': str(path), 'template': index,
                     'values': [str(v) for v in values.values()]})
   finally:
     conn.close()
+
+
+def drill_questions(rng: random.Random, words: Iterator[str], seed: int = 0
+                    ) -> Iterator[tuple[str, str, list]]:
+  """Endless (system, question, values) in the templates' own wording over the student's training databases,
+  every text value replaced by the next of `words` and numbers drawn as the template draws them: the copy
+  drill's 'schema' form (`conversations.copy_sources`). The question has no query (its values name nothing in
+  the database); templates without a text value are skipped."""
+  train = {name: path for name, path in build_databases(seed=seed).items()
+           if INSTANCES[int(name.rsplit('_', 1)[1])][0] == 'train'}
+  conns = {name: sqlite3.connect(f'file:{path}?mode=ro', uri=True) for name, path in train.items()}
+  try:
+    while True:
+      name = rng.choice(sorted(train))
+      domain, instance = name.rsplit('_', 1)
+      template = rng.choice([t for t in TEMPLATES if t.domain == domain])
+      values = template.values(rng, conns[name], names(domain, int(instance)))
+      if any(v is None for v in values.values()) or not any(isinstance(v, str) for v in values.values()):
+        continue
+      values = {key: next(words) if isinstance(value, str) else value for key, value in values.items()}
+      text = template.en if rng.random() < 0.5 else template.ko
+      yield (context(name, train[name]), text.format(**{key: spell(v) for key, v in values.items()}),
+             list(values.values()))
+  finally:
+    for conn in conns.values():
+      conn.close()
 
 
 def suite(db_paths: dict[str, pathlib.Path] | None = None, per_template: int = 30, seed: int = 0

@@ -169,6 +169,16 @@ def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vo
   return raw, weights
 
 
+def check_seq_len(raw: Mapping[str, Sequence], seq_len: int, probe: int = 64) -> None:
+  """Packing cuts a conversation at `seq_len`; a source whose first `probe` items all lose every trained token
+  there would train on nothing (each step skipped as all-zero), so it is an error that names the setting."""
+  for name, items in raw.items():
+    if items and not any(encode(item)['loss_mask'][1:seq_len].any() for item in items[:probe]):
+      longest = max(len(encode(item)['tokens']) for item in items[:probe])
+      raise config_lib.UserError(f'config.sft.seq_len={seq_len} cuts the {name!r} source\'s conversations '
+                                 f'(up to {longest} tokens) before their first trained token; raise it')
+
+
 def encode(item: Any) -> dict[str, np.ndarray]:
   """A rendered conversation, {'tokens', 'loss_mask'} or an (ids, loss_mask) pair → int32 features."""
   ids, mask = (item['tokens'], item['loss_mask']) if isinstance(item, Mapping) else item
@@ -240,6 +250,7 @@ def run(config, workdir: str) -> None:
       learning_rate=optim.learning_rate_schedule(config), grad_accum_steps=config.grad_accum_steps)
 
   train, weights = sources(config, 'train', tokenizer=tokenizer, vocab_size=model_config.vocab_size)
+  check_seq_len(train, config.sft.seq_len)
   check_batch_size(config, mesh)
   # Every process packs the same global stream and keeps its own rows: the batches (and so the loss
   # curve) do not depend on the number of processes, every process's score_columns width agrees, and

@@ -8,10 +8,9 @@ import pathlib
 import re
 from typing import Any, Iterator
 
-from luckystar.data import korean_mc
+from luckystar.data import korean_mc, nl2sql
 from luckystar.data.examples import Example
 from luckystar.rewards import language as rewards_language
-from luckystar.tools import sql as sql_tool
 
 _WHITESPACE = re.compile(r'\s*')
 
@@ -81,22 +80,22 @@ def load_spider(questions: str | pathlib.Path, database_dir: str | pathlib.Path,
                 ) -> list[Example]:
   """Spider (`question`, `query`, `db_id`) or BIRD (`question`, `SQL`, `db_id`, optional `evidence`) records;
   databases at `database_dir/<db_id>/<db_id>.sqlite`."""
-  database_dir, schemas, examples = pathlib.Path(database_dir), {}, []
+  database_dir, contexts, examples = pathlib.Path(database_dir), {}, []
   for line, record in read_records(questions):
     question = _field(record, ('question',), questions, line)
     sql = _field(record, ('query', 'SQL'), questions, line)
     name = _field(record, ('db_id',), questions, line)
     db_path = database_dir / name / f'{name}.sqlite'
-    if name not in schemas:
+    if name not in contexts:
       if not db_path.is_file():
         raise ValueError(f'{questions}:{line}: database {db_path} does not exist')
-      schemas[name] = sql_tool.schema(db_path)
+      contexts[name] = nl2sql.context(name, db_path)
     evidence = record.get('evidence')
     prompt = f'{question}\n(Hint: {evidence})' if evidence else question
     examples.append(Example(
         id=f'{pathlib.Path(questions).stem}-{line}', task='nl2sql', language=_language(record, question,
                                                                                           questions, line),
-        split=split, prompt=prompt, answer=sql, system=f'SQLite database `{name}`:\n{schemas[name]}',
+        split=split, prompt=prompt, answer=sql, system=contexts[name],
         meta={'db_id': name, 'db_path': str(db_path)}))
   return examples
 

@@ -486,12 +486,13 @@ def drill_questions(rng: random.Random, words: Iterator[str], seed: int = 0
   every text value replaced by the next of `words` and numbers drawn as the template draws them: the copy
   drill's 'schema' form (`conversations.copy_sources`). The question has no query (its values name nothing in
   the database); templates without a text value are skipped."""
-  train = {name: path for name, path in build_databases(seed=seed).items()
+  train = {name: path for name, path in sorted(build_databases(seed=seed).items())
            if INSTANCES[int(name.rsplit('_', 1)[1])][0] == 'train'}
+  systems = {name: context(name, path) for name, path in train.items()}
   conns = {name: sqlite3.connect(f'file:{path}?mode=ro', uri=True) for name, path in train.items()}
   try:
     while True:
-      name = rng.choice(sorted(train))
+      name = rng.choice(list(train))
       domain, instance = name.rsplit('_', 1)
       template = rng.choice([t for t in TEMPLATES if t.domain == domain])
       values = template.values(rng, conns[name], names(domain, int(instance)))
@@ -499,7 +500,7 @@ def drill_questions(rng: random.Random, words: Iterator[str], seed: int = 0
         continue
       values = {key: next(words) if isinstance(value, str) else value for key, value in values.items()}
       text = template.en if rng.random() < 0.5 else template.ko
-      yield (context(name, train[name]), text.format(**{key: spell(v) for key, v in values.items()}),
+      yield (systems[name], text.format(**{key: spell(v) for key, v in values.items()}),
              list(values.values()))
   finally:
     for conn in conns.values():

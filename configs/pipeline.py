@@ -67,7 +67,8 @@ def stage(name: str, arg: str | None = None, **changes) -> ml_collections.Config
 def _cold_start(init_from: str, **changes) -> ml_collections.ConfigDict:
   """RLOO on NL2SQL alone, every candidate kept (no [1/8, 7/8] filter: the point is to see the signal), and
   no language penalty, so a group's rewards vary only where its correctness does. Held-out: new questions
-  over the training databases (`rloo.eval_pool`); the student learns NL2SQL from traces over those alone."""
+  over the training databases (`rloo.reserve_eval`, drawn before prompt selection); the student learns NL2SQL
+  from traces over those alone."""
   return stage('rlvr', init_from=init_from, **{**dict(
       total_steps=6, checkpoint_every=3, rlvr__language_penalty=0.0, rlvr__tasks=('nl2sql',),
       rlvr__selection_prompts=ml_collections.ConfigDict(dict(nl2sql=48)), rlvr__select_pass_rate=(0.0, 1.0),
@@ -145,15 +146,17 @@ def cold_start_stages() -> dict[str, ml_collections.ConfigDict]:
                    sft__task_eval__per_task_language=0, sft__rs_traces='@rejection_sampling/rs_traces.jsonl',
                    sft__copy_drill='schema',
                    sft__mixture=ml_collections.ConfigDict(dict(reasoning=0.35, concise=0.1, rs=0.35, copy=0.2))),
-      # RLOO from the SFT with DESIGN §5's prompt selection ([1/8, 7/8] at k = 8) over 128 candidates: without
-      # it, 98% of its groups had zero variance and one lucky group in 16 steps was all the signal it got (the
-      # 4.2% → 0.0% run in experiments/cold_start.md). Overlong rollouts count as wrong: dropped (the default),
-      # they were 50% of the RL batches by step 30 and held-out format_ok fell 62% → 26% over 48 steps. Sampled
-      # held-out pass@1 (2 draws) beside the greedy one, every 16 steps.
+      # RLOO from the SFT with DESIGN §5's prompt selection ([1/8, 7/8] at k = 8): without it, 98% of its groups
+      # had zero variance and one lucky group in 16 steps was all the signal it got (the 4.2% → 0.0% run in
+      # experiments/cold_start.md). The held-out set is reserved first (`rloo.reserve_eval`), and selection
+      # measures every prompt left (216; 512 is "all"): 31 kept, where 128 candidates measured beside the
+      # held-out set kept 14. Overlong rollouts count as wrong: dropped (the default), they were 50% of the RL
+      # batches by step 30 and held-out format_ok fell 62% → 26% over 48 steps. Sampled held-out pass@1
+      # (2 draws) beside the greedy one, every 16 steps.
       'nl2sql_from_sft': _cold_start('@sft', total_steps=32, checkpoint_every=8, eval_every=16,
                                      rlvr__eval_prompts=144, rlvr__eval_samples=2, rlvr__drop_overlong=False,
                                      rlvr__select_pass_rate=(0.125, 0.875),
-                                     rlvr__selection_prompts=ml_collections.ConfigDict(dict(nl2sql=128))),
+                                     rlvr__selection_prompts=ml_collections.ConfigDict(dict(nl2sql=512))),
       'eval_nl2sql_unseen': _eval('@nl2sql_from_sft', suites=('nl2sql',), modes=('reasoning',), per_suite_language=32,
                                   pass_k_samples=0),
       # The controls keep every candidate (a filter would keep none) and run 8 steps: 48 × 8 selection rollouts

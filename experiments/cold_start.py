@@ -12,12 +12,13 @@ Runs the user's command, `python -m luckystar.main --config=configs/pipeline.py:
 mixed schema wordings and the training wording with rows of their own, never a student prompt) → best-of-8 from
 it on the student's RS-only NL2SQL prompts → `tiny-sft` given the same copy phase, then the drill in the
 traces' form (`--config.sft.copy_drill=named`), then that drill behind a training database's schema (`schema`),
-fine-tuned with the kept traces in its hybrid mixture (the schema drill kept up at 20%) → RLOO on NL2SQL from that SFT (prompt selection: pass rate in [1/8, 7/8] at k = 8 over
-128 candidates; 32 steps, overlong rollouts scored as wrong, held-out eval every 16), then from `tiny-base` and
+fine-tuned with the kept traces in its hybrid mixture (the schema drill kept up at 20%) → RLOO on NL2SQL from
+that SFT (the held-out set reserved first; prompt selection: pass rate in [1/8, 7/8] at k = 8 over all 216
+prompts left; 32 steps, overlong rollouts scored as wrong, held-out eval every 16), then from `tiny-base` and
 from `tiny-sft` (no traces; every candidate kept, 8 steps). Then reads the stages' outputs and writes
 experiments/cold_start.md: the teacher's pass@1/pass@8, per arm the zero-variance fraction of prompt selection's
 candidates (the comparable "signal" figure: every arm measures its own starting policy at k = 8) and of its RL
-groups, RL-batch correctness, held-out NL2SQL (new questions over the training databases, `rloo.eval_pool`;
+groups, RL-batch correctness, held-out NL2SQL (new questions over the training databases, `rloo.reserve_eval`;
 greedy, and for the SFT's arm also pass@1 of 2 samples) at step 0 and at the end (the SFT's arm: every 16
 steps), and the unseen held-out databases after RL.
 """

@@ -128,7 +128,8 @@ def test_rs_prompts_are_disjoint_from_rlvr_heldout_and_teacher_prompts(tok):
   assert len([e for e in chosen if e.task == 'nl2sql']) == sum(rs_only(e, 0) for e in suites.load('nl2sql', 'train'))
   texts = {e.prompt for e in chosen}
   # RLVR's own prompt pool (train split minus rs_only), every length admitted.
-  rlvr = rloo.prompt_pool(types.SimpleNamespace(tasks=config.rejection_sampling.tasks, max_prompt_tokens=10**9),
+  rlvr = rloo.prompt_pool(types.SimpleNamespace(tasks=config.rejection_sampling.tasks, max_prompt_tokens=10**9,
+                                                nl2sql_rl_databases=0),
                           'train', tok, seed=config.seed)
   assert rlvr and not texts & {e.prompt for e in rlvr}
   for split in ('heldout', 'teacher'):

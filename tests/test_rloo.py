@@ -234,26 +234,45 @@ def test_selection_candidates_per_task_budget():
     rloo.selection_candidates(pool, {'nl2sql': 4}, seed=0)
 
 
-def test_train_eval_pool_holds_new_questions_over_the_training_databases():
-  """eval_split='train' (the NL2SQL cold start): pool prompts that selection never measured and whose gold SQL
-  no measured or RS prompt has (the three training databases per domain share one wording, and the English and
-  Korean question share their SQL); the held-out split is the default and anything else a config error."""
+def test_train_eval_set_is_reserved_before_selection():
+  """eval_split='train' (the NL2SQL cold start): new questions over the training databases. The eval set is
+  drawn first from pool prompts whose gold SQL no RS prompt has, and every pool prompt that shares its gold SQL
+  (the three training databases per domain share one wording; the English and Korean question share their SQL)
+  leaves RL's pool, so prompt selection may measure all the rest; a reserved eval set is part of the selection
+  cache's fingerprint. RL-only prompts (`nl2sql_rl_databases`) join RL's pool, never the eval set. The held-out
+  split is the default and anything else a config error."""
   import ml_collections
   from luckystar import config as config_lib
   from luckystar import tokenizer as tokenizer_lib
-  from luckystar.data import suites
+  from luckystar.data import nl2sql, suites
   from luckystar.data.examples import rs_only
-  config = ml_collections.ConfigDict(dict(seed=0, rlvr=dict(
-      tasks=('nl2sql',), max_prompt_tokens=384, selection_prompts={'nl2sql': 48}, eval_split='train')))
+  config = ml_collections.ConfigDict(dict(seed=0, init_from='tiny-sft', sampling=dict(temperature=1.0), rlvr=dict(
+      tasks=('nl2sql',), max_prompt_tokens=384, selection_prompts={'nl2sql': 48}, selection_samples=8,
+      select_pass_rate=(0.125, 0.875), eval_prompts=96, eval_split='train', nl2sql_rl_databases=0)))
   tok = tokenizer_lib.default()
   pool = rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
-  fresh = rloo.eval_pool(config, tok, pool)
-  measured = rloo.selection_candidates(pool, {'nl2sql': 48}, seed=0)
+  heldout, rest = rloo.reserve_eval(config, tok, pool)
+  assert (heldout, rest) == rloo.reserve_eval(config, tok, pool) and len(heldout) == 96
+  assert set(heldout) <= set(pool) and set(rest) <= set(pool) and len(rest) >= 150
+  assert not {e.answer for e in heldout} & {e.answer for e in rest}
   rs = [e for e in suites.load('nl2sql', 'train') if rs_only(e, 0)]
-  assert len(fresh) >= 64 and {e.split for e in fresh} == {'train'} and set(fresh) <= set(pool)
-  assert not {e.answer for e in fresh} & {e.answer for e in measured + rs}
-  assert {e.language for e in fresh} == {'en', 'ko'}
+  assert not {e.answer for e in heldout} & {e.answer for e in rs}
+  share = lambda examples: sum(e.language == 'ko' for e in examples) / len(examples)
+  assert abs(share(heldout) - share(pool)) <= 1 / 96 + 1e-9                      # the pool's language mix
+  assert {e.split for e in heldout} == {'train'}
+  config.rlvr.nl2sql_rl_databases = 1
+  bigger = rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
+  rl_only = [e for e in bigger if e.meta.get(nl2sql.RL_ONLY)]
+  assert rl_only and bigger == pool + rl_only
+  same_heldout, bigger_rest = rloo.reserve_eval(config, tok, bigger)
+  assert same_heldout == heldout                                   # the eval set stays on the training databases
+  fresh = [e for e in rl_only if e.answer not in {h.answer for h in heldout}]
+  assert fresh and [e for e in bigger_rest if e.meta.get(nl2sql.RL_ONLY)] == fresh
+  fingerprint = rloo._fingerprint(config)
+  config.rlvr.eval_prompts = 64
+  assert rloo._fingerprint(config) != fingerprint                                # another reserve, another pool
   config.rlvr.eval_split = 'heldout'
+  assert 'eval_prompts' not in rloo._fingerprint(config)
   assert {e.split for e in rloo.eval_pool(config, tok, pool)} == {'heldout'}
   config.rlvr.eval_split = 'test'
   with pytest.raises(config_lib.UserError, match='config.rlvr.eval_split'):

@@ -31,6 +31,7 @@ VERSION = 2
 # with different rows; the held-out and teacher databases each have their own wording and rows.
 INSTANCES = {0: ('train', 0), 1: ('train', 0), 2: ('train', 0), 3: ('heldout', 1), 4: ('teacher', 2)}
 assert {split for split, _ in INSTANCES.values()} == set(SPLITS)
+_TRAIN_VARIANT = next(variant for split, variant in INSTANCES.values() if split == 'train')
 
 KO_CITIES = ('서울', '부산', '인천', '대구', '대전', '광주', '수원', '울산')
 EN_CITIES = ('Seoul', 'Busan', 'Incheon', 'Daegu', 'Daejeon', 'Gwangju', 'Suwon', 'Ulsan')
@@ -560,18 +561,56 @@ def teacher_suite(directory: str | pathlib.Path | None = None, *, count: int = T
   directory = pathlib.Path(directory or default_dir())
   student = {e.prompt for e in suite(build_databases(directory, seed), seed=seed) if e.split != 'teacher'}
   rng = random.Random(f'nl2sql-teacher-questions:{seed}')
-  train = next(variant for split, variant in INSTANCES.values() if split == 'train')
   examples = []
   for domain in DOMAINS:
     databases = [*((f't{k}', w) for k, w in enumerate(teacher_wordings(domain, count, seed))),
-                 *((f's{k}', _NAMING[domain][train]) for k in range(train_wording))]
-    for label, wording in databases:
-      name = f'{domain}_{label}'
-      path = directory / name / f'{name}.sqlite'
-      if not path.is_file() or _tables(path) != {wording[key] for key in _TABLE_KEYS[domain]}:
-        build_database(path, domain, label, seed, naming=wording)
-      examples += _questions(name, path, domain, wording, 'teacher', rng, per_template)
+                 *((f's{k}', _NAMING[domain][_TRAIN_VARIANT]) for k in range(train_wording))]
+    examples += _extra_questions(directory, domain, databases, 'teacher', rng, per_template, seed)
   return [e for e in dedupe(examples) if e.prompt not in student]
+
+
+def _extra_questions(directory: pathlib.Path, domain: str, databases: list[tuple[str, dict[str, str]]], split: str,
+                     rng: random.Random, per_template: int, seed: int) -> list[Example]:
+  """Questions over databases beyond `INSTANCES`, (label, wording) each, `<dir>/<domain>_<label>/`, each built
+  on first use (or when its tables are not the wording's) with rows of its own."""
+  examples = []
+  for label, wording in databases:
+    name = f'{domain}_{label}'
+    path = directory / name / f'{name}.sqlite'
+    if not path.is_file() or _tables(path) != {wording[key] for key in _TABLE_KEYS[domain]}:
+      build_database(path, domain, label, seed, naming=wording)
+    examples += _questions(name, path, domain, wording, split, rng, per_template)
+  return examples
+
+
+# ---- RL-only databases ------------------------------------------------------------------------------
+# The three training databases per domain hold 596 curated questions; RS takes a quarter of them, the cold
+# start's held-out eval (with every question sharing its gold SQL) over half of the rest, and at k = 8 about
+# 1 in 7 of the 216 left has a pass rate in [1/8, 7/8] for the tiny student: RL then trained on 14–31 prompts,
+# learnt them and did not carry to new questions (experiments/cold_start.md). RL-only databases in the
+# training wording, each with rows of its own (people, companies, places, dates), give RL as many prompts as
+# it asks for, whose values no SFT row had: `rloo.prompt_pool` adds them with
+# `config.rlvr.nl2sql_rl_databases`; never RS prompts nor the eval's. They need a student that copies values
+# from the question: the tiny one had a correct rollout at k = 8 on 3 of 280 (16 of 104 on the training
+# databases, whose rows its traces showed).
+
+RL_ONLY = 'rl_only'
+
+
+def rl_suite(directory: str | pathlib.Path | None = None, *, count: int, per_template: int = 6, seed: int = 0
+             ) -> list[Example]:
+  """Questions (split 'train', `meta[RL_ONLY]`) over `count` RL-only databases per domain in the training
+  split's wording, `<dir>/<domain>_r<k>/`; question texts of every student split and of the teacher's suite
+  are dropped, so no RL-only prompt is one the SFT, the teacher or the held-out eval has."""
+  directory = pathlib.Path(directory or default_dir())
+  taken = {e.prompt for e in suite(build_databases(directory, seed), seed=seed)}
+  taken |= {e.prompt for e in teacher_suite(directory, seed=seed)}
+  rng = random.Random(f'nl2sql-rl-questions:{seed}')
+  examples = []
+  for domain in DOMAINS:
+    databases = [(f'r{k}', _NAMING[domain][_TRAIN_VARIANT]) for k in range(count)]
+    examples += _extra_questions(directory, domain, databases, 'train', rng, per_template, seed)
+  return [dataclasses.replace(e, meta={**e.meta, RL_ONLY: True}) for e in dedupe(examples) if e.prompt not in taken]
 
 
 # ---- curation (DESIGN §5) ----------------------------------------------------------------------

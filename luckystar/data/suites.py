@@ -13,13 +13,22 @@ def _all(task: str, seed: int, db_dir: str | None, curate: bool) -> tuple[Exampl
   if task == 'nl2sql':
     paths = nl2sql.build_databases(db_dir, seed)
     examples = nl2sql.suite(paths, seed=seed)
-    if curate:
-      tokenizer = tokenizer_lib.default()
-      examples, _ = nl2sql.curate(examples, lambda text: len(tokenizer.encode(text)))
-    return tuple(examples)
+    return tuple(_curated(examples) if curate else examples)
   generators = {'math': math_problems.suite, 'function_calling': function_calling.suite,
                 'korean_mc': korean_mc.suite, 'chat': chat.suite}
   return tuple(generators[task](seed))
+
+
+def _curated(examples: list[Example]) -> list[Example]:
+  tokenizer = tokenizer_lib.default()
+  return nl2sql.curate(examples, lambda text: len(tokenizer.encode(text)))[0]
+
+
+@functools.lru_cache(maxsize=None)
+def nl2sql_rl_only(count: int, *, seed: int = 0) -> tuple[Example, ...]:
+  """Curated RL-only NL2SQL questions over `count` extra training-wording databases per domain
+  (`nl2sql.rl_suite`), built on first use under `nl2sql.default_dir()`."""
+  return tuple(_curated(nl2sql.rl_suite(count=count, seed=seed))) if count else ()
 
 
 def load(task: str, split: str | None = None, *, seed: int = 0, db_dir: str | pathlib.Path | None = None,

@@ -12,8 +12,9 @@ several updates per batch) and an optional k3 KL estimate to a reference.
 The stage (`run`): the RL prompt pool (train split of `config.rlvr.tasks`, minus the prompts kept
 for rejection sampling, `examples.rs_only`), prompt selection by the starting policy (pass rate at
 k samples within `config.rlvr.select_pass_rate`, cached in `workdir/prompt_selection.json`), a
-held-out eval set with the same task/language mix, then the shared training loop with rollouts
-drawn by the current policy at every step.
+held-out eval set with the same task/language mix (`eval_split='train'`: reserved out of the pool before
+selection, `reserve_eval`), then the shared training loop with rollouts drawn by the current policy at
+every step.
 """
 
 import dataclasses
@@ -32,7 +33,7 @@ import numpy as np
 from luckystar import config as config_lib
 from luckystar import model
 from luckystar import tokenizer as tokenizer_lib
-from luckystar.data import pipeline, suites
+from luckystar.data import nl2sql, pipeline, suites
 from luckystar.data.examples import Example, rs_only
 from luckystar.evals import core as evals_core
 from luckystar.model import sharding
@@ -199,13 +200,17 @@ SAMPLED_PREFIX = 'eval/sampled/'  # held-out figures of `eval_samples` draws per
 
 
 def prompt_pool(settings: Any, split: str, tokenizer: Tokenizer, *, seed: int) -> list[Example]:
-  """RL prompts of `settings.tasks` in `split` (train: minus the rejection-sampling prompts) whose
+  """RL prompts of `settings.tasks` in `split` (train: minus the rejection-sampling prompts, plus the
+  RL-only NL2SQL questions of `settings.nl2sql_rl_databases` extra databases per domain) whose
   reasoning-mode prompt fits `settings.max_prompt_tokens`."""
   pool = []
   for task in settings.tasks:
-    for example in suites.load(task, split, seed=seed):
-      if split == 'train' and rs_only(example, seed):
-        continue
+    examples = suites.load(task, split, seed=seed)
+    if split == 'train':
+      examples = [e for e in examples if not rs_only(e, seed)]
+      if task == 'nl2sql':
+        examples += suites.nl2sql_rl_only(settings.nl2sql_rl_databases, seed=seed)
+    for example in examples:
       if len(rollouts.render_prompt(tokenizer, example)) <= settings.max_prompt_tokens:
         pool.append(example)
   return pool
@@ -222,10 +227,14 @@ def rollout_options(config) -> dict[str, Any]:
 def _fingerprint(config) -> dict:
   """What prompt selection depends on; a cached selection with another fingerprint is stale."""
   settings = config.rlvr
-  return {'init_from': config.init_from, 'seed': config.seed, 'tasks': list(settings.tasks),
-          'max_prompt_tokens': settings.max_prompt_tokens, 'selection_prompts': _plain(settings.selection_prompts),
-          'selection_samples': settings.selection_samples, 'pass_rate': list(settings.select_pass_rate),
-          'sampling': dict(config.sampling)}
+  fingerprint = {'init_from': config.init_from, 'seed': config.seed, 'tasks': list(settings.tasks),
+                 'max_prompt_tokens': settings.max_prompt_tokens,
+                 'selection_prompts': _plain(settings.selection_prompts),
+                 'selection_samples': settings.selection_samples, 'pass_rate': list(settings.select_pass_rate),
+                 'sampling': dict(config.sampling)}
+  if settings.eval_split == 'train':  # the eval set is reserved out of the pool first (`reserve_eval`)
+    fingerprint |= {'eval_split': 'train', 'eval_prompts': settings.eval_prompts}
+  return fingerprint
 
 
 def _plain(value):
@@ -335,18 +344,28 @@ EVAL_SPLITS = ('heldout', 'train')
 def eval_pool(config, tokenizer: Tokenizer, pool: Sequence[Example]) -> list[Example]:
   """Where the held-out eval draws from (`config.rlvr.eval_split`). 'heldout': the held-out split (for
   NL2SQL, databases no training split has). 'train': new questions over the training databases, i.e.
-  train prompts (`pool`, RS prompts already out) that prompt selection never measured and whose gold
-  answer no measured or RS prompt has (the three training databases per domain share one wording, so a
-  question text repeats over them with the same gold SQL)."""
+  train prompts (`pool`, RS prompts already out; not the RL-only ones) whose gold answer no RS prompt has (the
+  three training databases per domain share one wording, so a question text repeats over them with the same
+  gold SQL); `reserve_eval` draws the eval set from them before prompt selection and takes it out of RL's pool."""
   settings = config.rlvr
   if settings.eval_split not in EVAL_SPLITS:
     raise config_lib.UserError(f'config.rlvr.eval_split={settings.eval_split!r}; expected one of {EVAL_SPLITS}')
   if settings.eval_split == 'heldout':
     return prompt_pool(settings, 'heldout', tokenizer, seed=config.seed)
-  measured = selection_candidates(pool, settings.selection_prompts, config.seed)
   rs = [e for task in settings.tasks for e in suites.load(task, 'train', seed=config.seed) if rs_only(e, config.seed)]
-  seen_ids, seen_answers = {e.id for e in measured}, {(e.task, e.answer) for e in (*measured, *rs)}
-  return [e for e in pool if e.id not in seen_ids and (e.task, e.answer) not in seen_answers]
+  rs_answers = {(e.task, e.answer) for e in rs}
+  return [e for e in pool if (e.task, e.answer) not in rs_answers and not e.meta.get(nl2sql.RL_ONLY)]
+
+
+def reserve_eval(config, tokenizer: Tokenizer, pool: Sequence[Example]
+                 ) -> tuple[list[Example], list[Example]]:
+  """eval_split='train': (the eval set, RL's pool without it). The eval set is drawn first, with the pool's
+  (task, language) mix (`eval_examples`), and every pool prompt that shares a gold answer with it leaves the
+  pool; prompt selection can then measure all the rest. (Drawing the eval set after selection, from prompts it
+  never measured, left only ~130 of 452 NL2SQL prompts to measure beside a 144-prompt eval set.)"""
+  heldout = eval_examples(pool, eval_pool(config, tokenizer, pool), config.rlvr.eval_prompts, config.seed)
+  taken = {(e.task, e.answer) for e in heldout}
+  return heldout, [e for e in pool if (e.task, e.answer) not in taken]
 
 
 def eval_examples(selected: Sequence[Example], heldout: Sequence[Example], count: int, seed: int) -> list[Example]:
@@ -383,9 +402,13 @@ def run(config, workdir: str) -> None:
   model_config, mesh, optimizer, state = state_lib.start(config, tokenizer, updates_per_step=settings.updates_per_batch)
 
   pool = prompt_pool(settings, 'train', tokenizer, seed=config.seed)
+  heldout = None
+  if settings.eval_split == 'train':
+    heldout, pool = reserve_eval(config, tokenizer, pool)
   with sharding.activate(mesh):  # rollouts and their KV cache split over the mesh's batch devices
     selected = select_prompts(config, workdir, model_config, state.params, tokenizer, pool)
-  heldout = eval_examples(selected, eval_pool(config, tokenizer, pool), settings.eval_prompts, config.seed)
+  if heldout is None:  # the held-out split: the RL prompts' (task, language) mix
+    heldout = eval_examples(selected, eval_pool(config, tokenizer, pool), settings.eval_prompts, config.seed)
   greedy_settings = eval_settings(config)
 
   sampled_settings = dataclasses.replace(greedy_settings, temperature=config.sampling.temperature,

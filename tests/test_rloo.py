@@ -269,6 +269,9 @@ def test_train_eval_set_is_reserved_before_selection():
   fresh = [e for e in rl_only if e.answer not in {h.answer for h in heldout}]
   assert fresh and [e for e in bigger_rest if e.meta.get(nl2sql.RL_ONLY)] == fresh
   fingerprint = rloo._fingerprint(config)
+  config.rlvr.nl2sql_rl_databases = 0
+  assert rloo._fingerprint(config) != fingerprint                                # other RL-only databases
+  fingerprint = rloo._fingerprint(config)
   config.rlvr.eval_prompts = 64
   assert rloo._fingerprint(config) != fingerprint                                # another reserve, another pool
   config.rlvr.eval_split = 'heldout'

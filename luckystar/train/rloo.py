@@ -234,6 +234,8 @@ def _fingerprint(config) -> dict:
                  'sampling': dict(config.sampling)}
   if settings.eval_split == 'train':  # the eval set is reserved out of the pool first (`reserve_eval`)
     fingerprint |= {'eval_split': 'train', 'eval_prompts': settings.eval_prompts}
+  if settings.nl2sql_rl_databases:    # RL-only prompts in the pool
+    fingerprint['nl2sql_rl_databases'] = settings.nl2sql_rl_databases
   return fingerprint
 
 

@@ -34,6 +34,9 @@ beats the base on reasoning-mode math, and int4 keeps the scores (1.8 points); t
 drift (Table 2), the cold start, DPO's length cut and Table 4 do not reproduce at this size.
 `:cold_start`: the NL2SQL cold start alone, at full size, its teacher and its student each started from a
 copy phase (`cold_start_stages`; experiments/cold_start.py runs it and writes experiments/cold_start.md).
+The full run keeps its 400-step teacher from `tiny-base` without those phases, for time: they would add
+≈ 27 min (copy 7, a teacher of 800 steps 20) for NL2SQL traces that its student, fine-tuned from `tiny-base`
+without a copy phase of its own, could not use (experiments/cold_start.md: 0 of 96 held-out without one).
 `:smoke` (tests): the chain teacher → rejection_sampling → sft → rlvr → dpo → quantize → eval with a
 few steps and prompts each; DPO starts from a random policy (a barely trained one is never verbose,
 so it would have no pairs).

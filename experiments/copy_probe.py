@@ -13,6 +13,10 @@ the share of words whose every token is the argmax (exact) and the share of word
 Also reports how often an NL2SQL value is spelled in other tokens in the gold SQL than in the question
 (`'X'` after a quote vs ` X` after a space), a second obstacle the copy probe leaves out.
 Writes experiments/copy_probe.md.
+
+The probe keeps its own few-line loop (plain AdamW, teacher-forced scores of raw arrays every 100 steps) on
+purpose: it is the fixed instrument the reports' numbers come from. The same drill as a training stage, on the
+project's optimizer and loop, is `configs/sft.py:copy` (its numbers are in copy_probe.md's later notes).
 """
 
 import argparse

@@ -282,6 +282,23 @@ def test_train_eval_set_is_reserved_before_selection():
     rloo.eval_pool(config, tok, pool)
 
 
+def test_config_errors_come_before_the_model_loads(tmp_path, monkeypatch):
+  """A bad `config.rlvr.eval_split` is reported before the policy loads and prompt selection spends minutes of
+  rollouts; an `eval_split` typo used to surface only after selection."""
+  from luckystar import config as config_lib
+  from luckystar.train import state as state_lib
+  config = config_lib.from_file(SMOKE.split(':')[0], SMOKE.split(':')[1])
+  config.rlvr.eval_split = 'hedlout'
+  monkeypatch.setattr(state_lib, 'start', lambda *a, **k: pytest.fail('the model loaded before the config check'))
+  with pytest.raises(config_lib.UserError, match=r"config.rlvr.eval_split='hedlout'"):
+    rloo.run(config, str(tmp_path))
+  config.rlvr.eval_split = 'heldout'
+  config.batch_size = 3
+  monkeypatch.setattr(rloo.jax, 'process_count', lambda: 2)
+  with pytest.raises(config_lib.UserError, match='config.batch_size=3'):
+    rloo.run(config, str(tmp_path))
+
+
 # ---- the stage end to end ------------------------------------------------------------------------
 
 SMOKE = 'configs/rlvr.py:smoke'

@@ -343,6 +343,21 @@ def eval_settings(config) -> evals_core.Settings:
 EVAL_SPLITS = ('heldout', 'train')
 
 
+def check_eval_split(config) -> str:
+  """`config.rlvr.eval_split`, or a config error naming the key."""
+  if config.rlvr.eval_split not in EVAL_SPLITS:
+    raise config_lib.UserError(f'config.rlvr.eval_split={config.rlvr.eval_split!r}; expected one of {EVAL_SPLITS}')
+  return config.rlvr.eval_split
+
+
+def check_config(config) -> None:
+  """The config errors `run` would otherwise meet only after prompt selection (minutes of rollouts)."""
+  check_eval_split(config)
+  if config.batch_size % jax.process_count():
+    raise config_lib.UserError(f'config.batch_size={config.batch_size} prompts per step does not split over '
+                               f'{jax.process_count()} processes')
+
+
 def eval_pool(config, tokenizer: Tokenizer, pool: Sequence[Example]) -> list[Example]:
   """Where the held-out eval draws from (`config.rlvr.eval_split`). 'heldout': the held-out split (for
   NL2SQL, databases no training split has). 'train': new questions over the training databases, i.e.
@@ -350,9 +365,7 @@ def eval_pool(config, tokenizer: Tokenizer, pool: Sequence[Example]) -> list[Exa
   three training databases per domain share one wording, so a question text repeats over them with the same
   gold SQL); `reserve_eval` draws the eval set from them before prompt selection and takes it out of RL's pool."""
   settings = config.rlvr
-  if settings.eval_split not in EVAL_SPLITS:
-    raise config_lib.UserError(f'config.rlvr.eval_split={settings.eval_split!r}; expected one of {EVAL_SPLITS}')
-  if settings.eval_split == 'heldout':
+  if check_eval_split(config) == 'heldout':
     return prompt_pool(settings, 'heldout', tokenizer, seed=config.seed)
   rs = [e for task in settings.tasks for e in suites.load(task, 'train', seed=config.seed) if rs_only(e, config.seed)]
   rs_answers = {(e.task, e.answer) for e in rs}
@@ -398,6 +411,7 @@ def run(config, workdir: str) -> None:
   if loop.is_finished(config, workdir):
     loop.finish_without_training(config, workdir)
     return
+  check_config(config)
   workdir = pathlib.Path(workdir)
   settings = config.rlvr
   tokenizer = tokenizer_lib.default()
@@ -426,9 +440,6 @@ def run(config, workdir: str) -> None:
                   if key.startswith(('eval/correctness', 'eval/language_mismatch', 'eval/response_length'))}
     return metrics
 
-  if config.batch_size % jax.process_count():
-    raise ValueError(f'config.batch_size={config.batch_size} prompts per step does not split over '
-                     f'{jax.process_count()} processes')
   prompts = [rollouts.render_prompt(tokenizer, e) for e in selected]
   prompt_batches = iter(pipeline.shard(grain.MapDataset.range(len(selected))).shuffle(seed=config.seed).repeat()
                         .batch(config.batch_size // jax.process_count()).to_iter_dataset())

@@ -21,6 +21,7 @@ import collections
 import json
 import pathlib
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import jax
 import ml_collections
@@ -45,9 +46,21 @@ def covered(example: Example, rl_values: set[str]) -> bool:
   return all(value in rl_values for value in example.meta['values'])
 
 
+COVERAGE = {True: 'values named by an RL prompt', False: 'a value no RL prompt names'}   # `covered` → row label
+
+
 def table(rows: Iterable[tuple[str, Sequence[bool], Sequence[bool]]]) -> list[str]:
   """Markdown rows 'group | questions | correct | format_ok' from (group, corrects, format_oks)."""
   return [f'| {group} | {len(right)} | {sum(right)} | {sum(ok)} |' for group, right, ok in rows]
+
+
+def grouped(pairs: Iterable[tuple[str, Any]]) -> dict[str, tuple[list[bool], list[bool]]]:
+  """(group, verdict) pairs → group → (corrects, format_oks)."""
+  groups = collections.defaultdict(lambda: ([], []))
+  for key, verdict in pairs:
+    groups[key][0].append(bool(verdict.correct))
+    groups[key][1].append(bool(verdict.format_ok))
+  return groups
 
 
 def main() -> None:
@@ -74,33 +87,28 @@ def main() -> None:
   rl_templates = {template(e) for e in selected}
   print(f'{len(heldout)} held-out questions; RL trains on {len(selected)} prompts of templates '
         f'{sorted(rl_templates)}, naming {len(rl_values)} distinct values')
+  questions = [e for e in heldout if template(e) in rl_templates]       # the held-out questions RL could reach
+  coverage = {e.id: COVERAGE[covered(e, rl_values)] for e in questions}
   greedy = rloo.eval_settings(config)
   for name in args.policies.split(','):
     policy = luckystar.load(str(workdir / name))
     results = core.run_examples(policy.config, policy.params, tokenizer, heldout, 'reasoning', greedy)
-    by_template = collections.defaultdict(lambda: ([], []))   # template → (corrects, format_oks)
-    for example, _, verdict in results:
-      by_template[template(example)][0].append(bool(verdict.correct))
-      by_template[template(example)][1].append(bool(verdict.format_ok))
+    by_template = grouped((template(e), v) for e, _, v in results)
+    by_coverage = grouped((coverage[e.id], v) for e, _, v in results if e.id in coverage)
     print(f'\n### {name}: greedy, {sum(bool(v.correct) for _, _, v in results)} of {len(results)} correct\n')
     print('| template (* RL trains on it) | questions | correct | format_ok |\n|---|---|---|---|')
     print('\n'.join(table((f'{key}{" *" if key in rl_templates else ""}', *groups)
                           for key, groups in sorted(by_template.items()))))
     print('\n| held-out questions of RL\'s templates | questions | correct | format_ok |\n|---|---|---|---|')
-    inside = [(example, verdict) for example, _, verdict in results if template(example) in rl_templates]
-    print('\n'.join(table(
-        (key, [bool(v.correct) for e, v in inside if covered(e, rl_values) == flag],
-         [bool(v.format_ok) for e, v in inside if covered(e, rl_values) == flag])
-        for key, flag in (('values named by an RL prompt', True), ('a value no RL prompt names', False)))))
+    print('\n'.join(table((key, *by_coverage[key]) for key in COVERAGE.values())))
     if args.samples:
-      questions = [e for e in heldout if template(e) in rl_templates]
       rates = rloo.pass_rates(config, policy.config, policy.params, tokenizer, questions, args.samples,
                               jax.random.key(config.seed + 1), desc=f'{name}: pass rates')
       print(f'\npass rate at k = {args.samples}, temperature {config.sampling.temperature}, held-out questions of '
             'RL\'s templates:\n\n| held-out questions of RL\'s templates | questions | mean pass rate % | '
             'with a correct sample |\n|---|---|---|---|')
-      for key, flag in (('values named by an RL prompt', True), ('a value no RL prompt names', False)):
-        values = [rates[e.id] for e in questions if covered(e, rl_values) == flag]
+      for key in COVERAGE.values():
+        values = [rates[e.id] for e in questions if coverage[e.id] == key]
         print(f'| {key} | {len(values)} | {100 * sum(values) / max(len(values), 1):.1f} | '
               f'{sum(v > 0 for v in values)} |')
 

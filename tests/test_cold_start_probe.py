@@ -2,6 +2,7 @@
 
 import pathlib
 import sys
+import types
 
 from luckystar.data import nl2sql, suites
 
@@ -22,4 +23,8 @@ def test_template_and_value_coverage():
     assert cold_start_probe.covered(example, values | {'elsewhere'})
     assert cold_start_probe.covered(example, set()) == (not values)
     assert not values or not cold_start_probe.covered(example, values - {min(values)})
-  assert cold_start_probe.table([('sales 3', [True, False, True], [True, True, False])]) == ['| sales 3 | 3 | 2 | 2 |']
+  verdict = lambda correct, format_ok: types.SimpleNamespace(correct=correct, format_ok=format_ok)
+  groups = cold_start_probe.grouped([('sales 3', verdict(1.0, True)), ('hr 4', verdict(0.0, False)),
+                                     ('sales 3', verdict(0.0, True)), ('sales 3', verdict(1.0, False))])
+  assert dict(groups) == {'sales 3': ([True, False, True], [True, True, False]), 'hr 4': ([False], [False])}
+  assert cold_start_probe.table([('sales 3', *groups['sales 3'])]) == ['| sales 3 | 3 | 2 | 2 |']

@@ -54,7 +54,7 @@ from luckystar import config as config_lib
 def get_config(arg=None):
   config = config_lib.base('dpo')
   config.init_from = 'tiny-rlvr'         # the post-RL policy (DESIGN §7)
-  config.total_steps = 600               # ≈ 5.5 epochs of 571 pairs + 327 anchor rows at batch 8
+  config.total_steps = 600               # ≈ 6.3 epochs of 435 pairs + 327 anchor rows at batch 8
   config.batch_size = 8                  # pairs per step (all processes)
   config.learning_rate = 1e-4            # low: a tenth of SFT's 1e-3; 1e-5 moves no greedy reply
   config.warmup_steps = 5

@@ -537,6 +537,7 @@ def suite(db_paths: dict[str, pathlib.Path] | None = None, per_template: int = 3
 
 TEACHER_WORDINGS = 32
 TEACHER_TRAIN_WORDING = 16
+TEACHER_PER_TEMPLATE = 6
 
 
 def teacher_wordings(domain: str, count: int = TEACHER_WORDINGS, seed: int = 0) -> list[dict[str, str]]:
@@ -554,19 +555,27 @@ def teacher_wordings(domain: str, count: int = TEACHER_WORDINGS, seed: int = 0) 
 
 
 def teacher_suite(directory: str | pathlib.Path | None = None, *, count: int = TEACHER_WORDINGS,
-                  train_wording: int = TEACHER_TRAIN_WORDING, per_template: int = 6, seed: int = 0) -> list[Example]:
+                  train_wording: int = TEACHER_TRAIN_WORDING, per_template: int = TEACHER_PER_TEMPLATE, seed: int = 0
+                  ) -> list[Example]:
   """Questions (split 'teacher') over `count` mixed-wording teacher databases per domain, `<dir>/<domain>_t<k>/`,
   and `train_wording` in the training split's wording, `<dir>/<domain>_s<k>/`, each built on first use with
   its own rows; question texts of the student's train and held-out splits are dropped."""
   directory = pathlib.Path(directory or default_dir())
   student = {e.prompt for e in suite(build_databases(directory, seed), seed=seed) if e.split != 'teacher'}
+  return [e for e in _teacher_questions(directory, count, train_wording, per_template, seed)
+          if e.prompt not in student]
+
+
+def _teacher_questions(directory: pathlib.Path, count: int, train_wording: int, per_template: int, seed: int
+                       ) -> list[Example]:
+  """`teacher_suite` before the student's question texts are dropped."""
   rng = random.Random(f'nl2sql-teacher-questions:{seed}')
   examples = []
   for domain in DOMAINS:
     databases = [*((f't{k}', w) for k, w in enumerate(teacher_wordings(domain, count, seed))),
                  *((f's{k}', _NAMING[domain][_TRAIN_VARIANT]) for k in range(train_wording))]
     examples += _extra_questions(directory, domain, databases, 'teacher', rng, per_template, seed)
-  return [e for e in dedupe(examples) if e.prompt not in student]
+  return dedupe(examples)
 
 
 def _extra_questions(directory: pathlib.Path, domain: str, databases: list[tuple[str, dict[str, str]]], split: str,
@@ -603,8 +612,9 @@ def rl_suite(directory: str | pathlib.Path | None = None, *, count: int, per_tem
   split's wording, `<dir>/<domain>_r<k>/`; question texts of every student split and of the teacher's suite
   are dropped, so no RL-only prompt is one the SFT, the teacher or the held-out eval has."""
   directory = pathlib.Path(directory or default_dir())
-  taken = {e.prompt for e in suite(build_databases(directory, seed), seed=seed)}
-  taken |= {e.prompt for e in teacher_suite(directory, seed=seed)}
+  taken = {e.prompt for e in suite(build_databases(directory, seed), seed=seed)}   # every student split's
+  taken |= {e.prompt for e in _teacher_questions(directory, TEACHER_WORDINGS, TEACHER_TRAIN_WORDING,
+                                                 TEACHER_PER_TEMPLATE, seed)}   # and the teacher's
   rng = random.Random(f'nl2sql-rl-questions:{seed}')
   examples = []
   for domain in DOMAINS:

@@ -145,6 +145,23 @@ def test_bf16_int4_export_layout_size_and_bit_identical_round_trip(model, tokens
     assert again[name].dtype == tensor.dtype and torch.equal(again[name], tensor), name
 
 
+@pytest.mark.parametrize('bits', [2, 8])
+def test_other_bit_widths_reload_exactly_and_load_in_transformers(model, tokens, tmp_path, bits):
+  """AQT keeps 2- and 8-bit values in int8 (int4 only for 4 bits): a reload must not squeeze them into int4."""
+  served = model.quantize(group_size=GROUP, bits=bits)
+  served.save_hf(tmp_path / 'export', quantization='int4')
+  loaded = luckystar.load(tmp_path / 'export')
+  assert loaded.config.quant == served.config.quant
+  got, want = (dict(jax.tree_util.tree_flatten_with_path(m.params)[0]) for m in (loaded, served))
+  for path, value in want.items():
+    assert got[path].dtype == value.dtype == (np.int8 if path[-1].key == 'value' else np.float32)
+    np.testing.assert_array_equal(got[path], value, err_msg=jax.tree_util.keystr(path))
+  ours = np.asarray(loaded.logits(tokens))
+  np.testing.assert_array_equal(ours, np.asarray(served.logits(tokens)))
+  _, theirs = _transformers_logits(tmp_path / 'export', tokens)
+  assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(ours).max()
+
+
 def test_save_hf_quantization_errors(model, tmp_path):
   with pytest.raises(ValueError, match='quantization must be None or "int4"'):
     model.save_hf(tmp_path / 'x', quantization='int8')

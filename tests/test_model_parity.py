@@ -77,6 +77,23 @@ def test_cohere2_logits_match_transformers(case, tmp_path):
   _compare(model, tmp_path, seq, config.vocab_size, seed=1)
 
 
+def test_keys_a_config_leaves_out_mean_what_they_mean_to_transformers(tmp_path):
+  """A config.json without logit_scale or sliding_window: transformers' defaults (0.0625, 4096), not ours."""
+  config = transformers.Cohere2Config(
+      vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+      num_key_value_heads=2, layer_types=[S, F], pad_token_id=0, bos_token_id=1, eos_token_id=2)
+  model = transformers.Cohere2ForCausalLM(config).eval()
+  _randomize(model, seed=5)
+  model.save_pretrained(tmp_path)
+  saved = json.loads((tmp_path / 'config.json').read_text())
+  del saved['logit_scale'], saved['sliding_window']
+  (tmp_path / 'config.json').write_text(json.dumps(saved))
+  theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation='eager').eval()
+  assert (theirs.config.logit_scale, theirs.config.sliding_window) == (0.0625, 4096)
+  assert luckystar.load(tmp_path).config.sliding_window == 4096
+  _compare(theirs, tmp_path, 16, config.vocab_size, seed=4)
+
+
 def test_cohere_v1_with_qk_norm_matches_transformers(tmp_path):
   config = transformers.CohereConfig(
       vocab_size=173, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,

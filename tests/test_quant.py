@@ -1,5 +1,7 @@
 """AQT int4 weight-only quantization: TRAIN (fake quant), CONVERT, SERVE (DESIGN §6)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -171,3 +173,15 @@ def test_memory_planner_arithmetic_matches_eval_shape_counts(size):
     # DESIGN §6: 111B int4 fits one 80 GB H100 with the KV budget left; bf16 and fp8 do not
     assert int4.fits and int4.max_context >= context, int4.report()
     assert not bf16.fits and not planner.plan(size, 'fp8', context=context, batch=batch).fits
+
+
+@pytest.mark.parametrize('device_gb', [72, 75])
+def test_memory_planner_longest_context_is_the_last_that_fits_wherever_it_is_asked(device_gb):
+  """Sliding layers' caches stop at their window, so the KV cache is not linear in the context: the
+  longest context is the last n whose plan fits, the same whichever context the plan was made at (the
+  linear estimate from a plan at 8,192 tokens was 2.3× too short)."""
+  from luckystar.quant import planner
+  plan = functools.partial(planner.plan, 'command_a_111b', 'int4', device_bytes=device_gb * 10**9)
+  n, at_full_length = (plan(context=context).max_context for context in (8192, 131072))
+  assert n == at_full_length and 0 < n < 131072
+  assert plan(context=n).fits and not plan(context=n + 1).fits

@@ -16,7 +16,6 @@ import tempfile
 from typing import Any
 
 import jax
-import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
@@ -28,6 +27,9 @@ from luckystar.quant.quantize import AQT_NAME, is_served
 from luckystar.tokenizer import Tokenizer
 
 MODEL_TYPES = ('cohere2', 'cohere')
+# transformers' Cohere2Config / CohereConfig defaults for keys a config.json may leave out: a missing key
+# must mean what it means to transformers, or the same file gives other logits.
+HF_DEFAULTS = {'logit_scale': 0.0625, 'sliding_window': 4096}
 _PACKED_SUFFIXES = ('weight_packed', 'weight_scale', 'weight_shape')  # compressed-tensors, per quantized Linear
 
 # (HF name inside `model.layers.{i}.`, our path inside the layer, kind) — kind says how to reshape.
@@ -69,10 +71,10 @@ def config_from_hf(hf: dict[str, Any], path: str = 'config.json', **overrides: A
   if model_type == 'cohere':
     layer_types, window = (FULL,) * num_layers, None
   elif hf.get('layer_types'):
-    layer_types, window = hf['layer_types'], hf.get('sliding_window')
+    layer_types, window = hf['layer_types'], hf.get('sliding_window', HF_DEFAULTS['sliding_window'])
   else:
     layer_types, window = pattern_layer_types(num_layers, hf.get('sliding_window_pattern', 4)), hf.get(
-        'sliding_window')
+        'sliding_window', HF_DEFAULTS['sliding_window'])
   num_heads = hf['num_attention_heads']
   if 'head_dim' in hf and hf['head_dim'] != hf['hidden_size'] // num_heads:
     raise ValueError(f'{path}: head_dim {hf["head_dim"]} != hidden_size / num_attention_heads')
@@ -81,7 +83,7 @@ def config_from_hf(hf: dict[str, Any], path: str = 'config.json', **overrides: A
       num_layers=num_layers, num_heads=num_heads, num_kv_heads=hf.get('num_key_value_heads') or num_heads,
       layer_types=tuple(layer_types), sliding_window=window,
       rope_theta=float(rope.get('rope_theta', hf.get('rope_theta', 10_000.0))),
-      layer_norm_eps=hf.get('layer_norm_eps', 1e-5), logit_scale=hf.get('logit_scale', 1.0),
+      layer_norm_eps=hf.get('layer_norm_eps', 1e-5), logit_scale=hf.get('logit_scale', HF_DEFAULTS['logit_scale']),
       max_position_embeddings=hf.get('max_position_embeddings', 8192),
       use_qk_norm=bool(hf.get('use_qk_norm', False)), rope_on_full_layers=model_type == 'cohere')
   if hf.get('hidden_act', 'silu') != 'silu':
@@ -158,7 +160,7 @@ def params_from_hf(tensors: dict[str, np.ndarray], config: ModelConfig, path: st
           raise ValueError(f'{path}: missing tensor {missing[0]} (an int4 checkpoint needs {_PACKED_SUFFIXES})')
         frozen = [compressed.from_hf({s: tensors[prefix + s] for s in _PACKED_SUFFIXES}, config.quant, prefix[:-1])
                   for prefix in prefixes]
-        node[AQT_NAME] = {'qrhs': {'value': np.stack([v for v, _ in frozen]).astype(ml_dtypes.int4),
+        node[AQT_NAME] = {'qrhs': {'value': np.stack([v for v, _ in frozen]).astype(config.quant.value_dtype),
                                    'scale': np.stack([s for _, s in frozen])}}
         continue
       names = [prefix + 'weight' for prefix in prefixes]

@@ -95,6 +95,8 @@ class MemoryPlan:
   kv_bytes: int
   device_bytes: int
   reserve_bytes: int
+  config: ModelConfig
+  sliding_cache: bool = True
 
   @property
   def weight_bytes(self) -> int:
@@ -110,10 +112,18 @@ class MemoryPlan:
 
   @property
   def max_context(self) -> int:
-    """The longest context at this batch whose KV cache still fits beside weights and reserve."""
+    """The longest context, up to the model's max_position_embeddings, whose KV cache at this batch still
+    fits beside weights and reserve (0: none). The cache is not linear in the context: sliding layers stop
+    growing at their window, so this searches `kv_cache_bytes` rather than scaling this plan's."""
     free = self.device_bytes - self.weight_bytes - self.reserve_bytes
-    per_token = self.kv_bytes / self.context if self.context else 0
-    return 0 if free <= 0 else int(free // per_token) if per_token else 0
+    fits = lambda n: kv_cache_bytes(self.config, n, self.batch, sliding_cache=self.sliding_cache) <= free
+    lo, hi = 0, self.config.max_position_embeddings   # fits(lo); the answer is in [lo, hi]
+    if fits(hi):
+      return hi
+    while lo < hi:
+      mid = (lo + hi + 1) // 2
+      lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
 
   def report(self) -> str:
     gb = lambda b: f'{b / 1e9:8.2f} GB'
@@ -129,7 +139,8 @@ class MemoryPlan:
         f'  KV cache        {gb(self.kv_bytes)}   bf16, context {self.context}, batch {self.batch}',
         f'  runtime reserve {gb(self.reserve_bytes)}',
         f'  total           {gb(self.total_bytes)}   of {self.device_bytes / 1e9:.0f} GB: '
-        f'{"fits" if self.fits else "does NOT fit"}; longest context at batch {self.batch}: {self.max_context}',
+        f'{"fits" if self.fits else "does NOT fit"}; longest context at batch {self.batch}: {self.max_context} '
+        f'(of the model\'s {self.config.max_position_embeddings})',
     ]
     return '\n'.join(lines)
 
@@ -161,7 +172,7 @@ def plan(size: str | ModelConfig, weights: str = 'int4', *, group_size: int = 12
       else 0, context=context, batch=batch, params=params, linear_bytes=int(linear_bytes), scale_bytes=scale_bytes,
       embedding_bytes=bf16 * params['embedding'], other_bytes=bf16 * params['other'],
       kv_bytes=kv_cache_bytes(config, context, batch, sliding_cache=sliding_cache), device_bytes=device_bytes,
-      reserve_bytes=reserve_bytes)
+      reserve_bytes=reserve_bytes, config=config, sliding_cache=sliding_cache)
 
 
 def main(argv=None) -> None:

@@ -88,6 +88,11 @@ class QuantSettings:
     """compressed-tensors' name for the scale granularity."""
     return 'group' if self.group_size else 'channel'
 
+  @property
+  def value_dtype(self) -> np.dtype:
+    """The frozen int values' dtype, as AQT stores them: int4 for 4 bits, int8 for the others."""
+    return np.dtype(aqt_utils.infer_dtype_from_bits(self.bits))
+
   def replace(self, **changes: Any) -> 'QuantSettings':
     return dataclasses.replace(self, **changes)
 

@@ -183,6 +183,30 @@ def test_read_records_names_file_and_line(tmp_path):
     list(loaders.read_records(array))
 
 
+def test_jsonl_lines_end_at_newline_only(tmp_path):
+  """json.dumps(ensure_ascii=False) leaves U+2028, U+2029 and U+0085 raw in strings; they are not line ends."""
+  path = tmp_path / 'ko.jsonl'
+  problem = '첫 줄\u2028둘째 줄\u2029셋째\x85줄?'
+  path.write_text(json.dumps({'problem': problem, 'answer': '1'}, ensure_ascii=False) + '\r\n'
+                  + '{"problem": "x", "answer": 3}\r\n{"problem": "y"}\n', newline='')
+  rows = loaders.read_records(path)
+  assert next(rows) == (1, {'problem': problem, 'answer': '1'}) and next(rows)[0] == 2
+  with pytest.raises(ValueError, match=f"^{path}:3: missing field 'answer'"):
+    loaders.load_math_jsonl(path)
+
+
+def test_json_array_with_trailing_text_or_comma_is_an_error(tmp_path):
+  path = tmp_path / 'rows.json'
+  for text, line in (('[{"a": 1}] garbage {', 1), ('[\n {"a": 1},\n]', 3), ('[{"a": 1}]\n\n]', 3)):
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f'^{path}:{line}: '):
+      list(loaders.read_records(path))
+  path.write_text(' [\n {"a": 1},\n {"a": 2}\n ]\n\n')
+  assert list(loaders.read_records(path)) == [(2, {'a': 1}), (3, {'a': 2})]
+  path.write_text('[]')
+  assert list(loaders.read_records(path)) == []
+
+
 def test_spider_and_bird_layouts(tmp_path, db_dir):
   database = tmp_path / 'database'
   source = nl2sql.build_databases(db_dir)['sales_0']
@@ -213,6 +237,10 @@ def test_math_and_kobalt_jsonl(tmp_path):
   math.write_text('{"problem": "1+1?", "answer": 2}\n{"problem": "no answer"}\n')
   with pytest.raises(ValueError, match=f"^{math}:2: missing field 'answer'"):
     loaders.load_math_jsonl(math)
+  for answer in ('null', '""', '" "', '[2]'):   # the message once crashed on the tuple of accepted types
+    math.write_text(f'{{"problem": "1+1?", "answer": 2}}\n{{"problem": "2+2?", "answer": {answer}}}\n')
+    with pytest.raises(ValueError, match=f"^{math}:2: field 'answer' must be a non-empty str or int or float$"):
+      loaders.load_math_jsonl(math)
   mc = tmp_path / 'kobalt.jsonl'
   mc.write_text(json.dumps({'Question': '다음 중 …?\nA. 가\nB. 나', 'Answer': 'B', 'Class': 'Syntax'},
                            ensure_ascii=False) + '\n' + json.dumps({'question': 'q', 'options': ['x', 'y'],

@@ -62,6 +62,14 @@ app.run(main.main, flags_parser=main.parse_flags)
   assert saved['stage'] == 'rlvr' and saved['seed'] == 7 and saved['rlvr']['language_penalty'] == 0.0
 
 
+def test_keep_checkpoints_below_one_stops_with_the_key_named(tmp_path):
+  """0 used to delete every checkpoint (a re-run started over from step 0); now nothing is trained or saved."""
+  result = _run('--config=configs/sft.py', '--config.keep_checkpoints=0', '--config.total_steps=1',
+                f'--workdir={tmp_path}')
+  assert result.returncode != 0 and 'error: config.keep_checkpoints=0' in result.stderr, result.stderr[-2000:]
+  assert 'Traceback' not in result.stderr and not (tmp_path / 'checkpoints').exists()
+
+
 def test_every_stage_config_has_the_shared_keys():
   for stage in config_lib.STAGES:
     config = config_lib.base(stage)

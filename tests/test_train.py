@@ -196,6 +196,55 @@ def test_metrics_resume_drops_rows_after_the_restored_step_and_plots(tmp_path):
   assert [p.name for p in metrics.plot(tmp_path)] == ['train_loss.png']
 
 
+def test_keep_checkpoints_below_one_is_a_config_error_before_any_checkpoint_is_touched(tmp_path):
+  """keep=0 made orbax delete every checkpoint (a re-run started over from step 0); -1 failed deep in orbax."""
+  from luckystar import config as config_lib
+  for keep in (0, -1):
+    with pytest.raises(config_lib.UserError, match=f'config.keep_checkpoints={keep} keeps no checkpoint'):
+      checkpoint.manager(tmp_path, keep=keep)
+  assert not (tmp_path / 'checkpoints').exists()
+
+
+def _metrics_file(tmp_path, last_line):
+  """metrics.jsonl with rows for steps 0-4 and then `last_line`, unterminated (a write cut short)."""
+  rows = ''.join(json.dumps({'step': step, 'train/loss': 1.0}) + '\n' for step in range(5))
+  (tmp_path / 'metrics.jsonl').write_text(rows + last_line)
+  return tmp_path / 'metrics.jsonl'
+
+
+def test_metrics_resume_drops_a_cut_short_last_row_and_names_other_bad_lines(tmp_path, caplog):
+  from luckystar import config as config_lib
+  path = _metrics_file(tmp_path, '{"step": 5, "train/lo')
+  with pytest.raises(config_lib.UserError, match=f'^{path}:6: not a metrics row'):
+    metrics.read(tmp_path)
+  metrics.Writer(tmp_path, resumed_step=3).close()
+  assert [row['step'] for row in metrics.read(tmp_path)] == [0, 1, 2, 3] and path.read_text().endswith('}\n')
+  assert f'{path}:6: dropping the cut-short last row' in caplog.text
+
+  path = _metrics_file(tmp_path, json.dumps({'step': 5}) + '\n')
+  path.write_text(path.read_text().replace('{"step": 2,', '{"step": 2', 1))
+  before = path.read_text()
+  for call in (lambda: metrics.Writer(tmp_path, resumed_step=3), lambda: metrics.read(tmp_path)):
+    with pytest.raises(config_lib.UserError, match=f'^{path}:3: not a metrics row'):
+      call()
+  assert path.read_text() == before
+
+
+def test_metrics_resume_rewrite_is_atomic(tmp_path, monkeypatch):
+  """A crash (here a full disk) while the kept rows are rewritten leaves the old file whole."""
+  path = _metrics_file(tmp_path, '')
+  before = path.read_text()
+
+  def full_disk(self, data, *args, **kwargs):
+    with open(self, 'w') as f:
+      f.write(data[:10])
+    raise OSError(28, 'No space left on device')
+  monkeypatch.setattr(type(path), 'write_text', full_disk)
+  with pytest.raises(OSError, match='No space left'):
+    metrics.Writer(tmp_path, resumed_step=2)
+  assert path.read_text() == before
+
+
 def test_model_overrides_replace_model_config_fields_at_init():
   """config.model_overrides (e.g. a longer sliding window for the NL2SQL teacher) reaches random and loaded inits;
   a name that is not a ModelConfig field is a config error naming the key."""

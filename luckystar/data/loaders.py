@@ -25,31 +25,40 @@ def read_records(path: str | pathlib.Path) -> Iterator[tuple[int, dict]]:
 
 
 def _read_json_values(path: str | pathlib.Path) -> Iterator[tuple[int, Any]]:
+  """(line number, value) of each element of a JSON array file, or of each non-blank line of a JSON-lines file.
+
+  Lines end at '\n' only (a '\r' before it is dropped): json.dumps(ensure_ascii=False) leaves U+2028, U+2029
+  and U+0085 unescaped inside strings, and str.splitlines() would split a record there. Text after an
+  array's closing bracket, or a trailing comma in it, is an error naming file and line."""
   path = pathlib.Path(path)
   try:
     text = path.read_text(encoding='utf-8')
   except (OSError, UnicodeDecodeError) as e:
     raise ValueError(f'{path}: cannot read: {e}') from None
+  line_at = lambda index: text.count('\n', 0, index) + 1
   decoder = json.JSONDecoder()
   start = _WHITESPACE.match(text).end()
   if text[start:start + 1] == '[':  # a JSON array: decode element by element to keep line numbers
-    index = start + 1
-    while True:
-      index = _WHITESPACE.match(text, index).end()
-      if text[index:index + 1] == ']':
-        return
-      line = text.count('\n', 0, index) + 1
+    index = _WHITESPACE.match(text, start + 1).end()
+    while text[index:index + 1] != ']':  # not an empty array
       try:
-        record, index = decoder.raw_decode(text, index)
+        record, end = decoder.raw_decode(text, index)
       except json.JSONDecodeError as e:
-        raise ValueError(f'{path}:{text.count(chr(10), 0, e.pos) + 1}: invalid JSON: {e.msg}') from None
-      yield line, record
-      index = _WHITESPACE.match(text, index).end()
-      if text[index:index + 1] == ',':
-        index += 1
-      elif text[index:index + 1] != ']':
-        raise ValueError(f'{path}:{text.count(chr(10), 0, index) + 1}: expected "," or "]" in JSON array')
-  for line, raw in enumerate(text.splitlines(), 1):
+        raise ValueError(f'{path}:{line_at(e.pos)}: invalid JSON: {e.msg}') from None
+      yield line_at(index), record
+      index = _WHITESPACE.match(text, end).end()
+      if text[index:index + 1] == ']':
+        break
+      if text[index:index + 1] != ',':
+        raise ValueError(f'{path}:{line_at(index)}: expected "," or "]" in JSON array')
+      index = _WHITESPACE.match(text, index + 1).end()
+      if text[index:index + 1] == ']':
+        raise ValueError(f'{path}:{line_at(index)}: invalid JSON: trailing "," before "]" in JSON array')
+    if (end := _WHITESPACE.match(text, index + 1).end()) < len(text):
+      raise ValueError(f'{path}:{line_at(end)}: unexpected text after the JSON array\'s closing "]"')
+    return
+  for line, raw in enumerate(text.split('\n'), 1):
+    raw = raw.removesuffix('\r')
     if raw.strip():
       try:
         yield line, json.loads(raw)
@@ -62,7 +71,8 @@ def _field(record: dict, names: tuple[str, ...], path, line, kind=str):
     if name in record:
       value = record[name]
       if not isinstance(value, kind) or (isinstance(value, str) and not value.strip()):
-        raise ValueError(f'{path}:{line}: field {name!r} must be a non-empty {kind.__name__}')
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        raise ValueError(f'{path}:{line}: field {name!r} must be a non-empty {" or ".join(k.__name__ for k in kinds)}')
       return value
   raise ValueError(f'{path}:{line}: missing field {" or ".join(repr(n) for n in names)}')
 

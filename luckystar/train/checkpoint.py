@@ -32,7 +32,11 @@ def directory(workdir: str | pathlib.Path) -> pathlib.Path:
 
 
 def manager(workdir: str | pathlib.Path, *, keep: int) -> ocp.CheckpointManager:
-  """Saves where asked (the loop decides when) and keeps the last `keep` steps."""
+  """Saves where asked (the loop decides when) and keeps the last `keep` steps. `keep` (config.keep_checkpoints)
+  below 1 is a UserError, raised before anything is read, written or deleted: orbax would delete every
+  checkpoint (0) or fail deep inside (negative), and a re-run would start over from step 0."""
+  if keep < 1:
+    raise config_lib.UserError(f'config.keep_checkpoints={keep} keeps no checkpoint to resume from; use 1 or more')
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
   handlers = {STATE: ocp.StandardCheckpointHandler(), DATA: grain.checkpoint.CheckpointHandler(),
               MODEL_CONFIG: ocp.JsonCheckpointHandler()}

@@ -3,7 +3,8 @@
 Only process 0 writes. On resume from step s, lines of `metrics.jsonl` with a step beyond s are
 dropped (the resumed run logs those steps again, with the same values), and TensorBoard events
 from step s + 1 on are purged (tensorboardX `purge_step`), so every step appears once. A run that
-starts from scratch (no checkpoint) drops every earlier line.
+starts from scratch (no checkpoint) drops every earlier line. On resume a last line cut short by a
+crash is dropped with a warning; any other malformed line is an error naming file:line.
 """
 
 import json
@@ -11,8 +12,11 @@ import math
 import pathlib
 from typing import Any, Mapping
 
+from absl import logging
 import jax
 import numpy as np
+
+from luckystar import config as config_lib
 
 METRICS_FILE = 'metrics.jsonl'
 PLOTS_DIR = 'plots'
@@ -22,18 +26,45 @@ def _is_writer() -> bool:
   return jax.process_index() == 0
 
 
+def _rows(path: pathlib.Path, *, drop_torn_last: bool = False) -> list[tuple[str, dict[str, Any]]]:
+  """(line, row) of each non-blank line of a metrics file. A line that is not a JSON object with an integer
+  `step` is a UserError naming file:line; with `drop_torn_last`, a last such line (a write cut short by a
+  crash or a full disk) is dropped with a warning instead."""
+  lines = [(number, line) for number, line in enumerate(path.read_text().split('\n'), 1) if line.strip()]
+  rows = []
+  for number, line in lines:
+    try:
+      row = json.loads(line)
+      if not isinstance(row, dict) or not isinstance(row.get('step'), int):
+        raise ValueError('not a JSON object with an integer "step"')
+    except ValueError as e:  # json.JSONDecodeError is one
+      if drop_torn_last and number == lines[-1][0]:
+        logging.warning('%s:%d: dropping the cut-short last row (%s): %.60r', path, number, e, line)
+        break
+      raise config_lib.UserError(f'{path}:{number}: not a metrics row ({e}); repair or delete that line, or '
+                                 f'delete {path} to drop the run\'s logged rows') from None
+    rows.append((line, row))
+  return rows
+
+
 def read(workdir: str | pathlib.Path) -> list[dict[str, Any]]:
-  """The rows of `workdir/metrics.jsonl` (empty if there is none)."""
+  """The rows of `workdir/metrics.jsonl` (empty if there is none); a malformed line is a UserError naming
+  file:line."""
   path = pathlib.Path(workdir) / METRICS_FILE
   if not path.exists():
     return []
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  return [row for _, row in _rows(path)]
 
 
 def _truncate_after(path: pathlib.Path, step: int) -> None:
+  """Keeps the rows up to `step` (none for a negative step), rewritten through a temporary file so a crash
+  here leaves the old file whole. A cut-short last row is dropped: a row is written before its step's
+  checkpoint is saved, so the row a crash cut short belongs to a step after every checkpoint."""
   if path.exists():
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)['step'] <= step]
-    path.write_text(''.join(line + '\n' for line in kept))
+    kept = [line for line, row in _rows(path, drop_torn_last=True) if row['step'] <= step] if step >= 0 else []
+    tmp = path.with_name(path.name + '.tmp')
+    tmp.write_text(''.join(line + '\n' for line in kept))
+    tmp.replace(path)
 
 
 def _scalar(value: Any) -> float | int:

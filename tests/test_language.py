@@ -179,6 +179,13 @@ AMBIGUOUS = ['', '   ', '1234', '3.14 + 2 = 5.14', 'SELECT * FROM t', 'select * 
              '```sql\nSELECT 1\n```', 'https://example.com', 'a@b.co', 'OK', 'USB-C', 'x', 'total_sales']
 
 
+@pytest.mark.parametrize('response', ['`The answer is 14.`', '```\nThe answer is 14.\n```', '```text\nThe answer is 14.```',
+                                      '정답: `The answer is fourteen, as the sum shows.`'])
+def test_english_in_code_markers_is_english(response):
+  """Code markers are not a way out of the penalty: the prose they hold counts (code itself still weighs 0)."""
+  assert language.detect(response) == 'en' and language.mismatch('ko', response), language.word_weights(response)
+
+
 @pytest.mark.parametrize('text', KOREAN_RESPONSES)
 def test_korean_responses(text):
   assert language.detect(text) == 'ko', language.word_weights(text)

@@ -68,6 +68,85 @@ def test_equivalence(verifier, prediction, gold, expected):
   assert verifier.score(prediction, gold, timeout_s=VERDICT_TIMEOUT_S) is expected
 
 
+@pytest.mark.parametrize('prediction, gold, expected', [
+    # A check after the answer is not the answer, spaced or not, in either language.
+    ('정답은 13입니다. 검산: 10 + 4 = 14', '14', False),
+    ('정답은 13입니다. 검산: 10 + 4 = 14', '13', True),
+    ('정답은 5입니다. 검산: 5 + 1 = 6', '5', True),
+    ('정답은 5입니다. 검산: 5 + 1 = 6', '6', False),
+    ('The answer is 13. Check: 10 + 4 = 14', '14', False),
+    ('The answer is 13. Check: 10 + 4 = 14', '13', True),
+    ('Answer: 14. Check: 14 + 3 = 17.', '17', False),
+    ('Answer: 14. Check: 14 + 3 = 17.', '14', True),
+    ('**Answer**: 5. Check: 5 + 1 = 6', '5', True),
+    ('The answer is x = 3. Check: 3 + 1 = 4', '3', True),
+    ('The answer is x = 3. Check: 3 + 1 = 4', '4', False),
+    ('The answer is 1,234. Check: 1,000 + 200 = 1,200', '1234', True),
+    # A decimal point, a period inside math and a newline inside braces do not end the answer's sentence.
+    ('The answer is 3.5. Check: 3.5 * 2 = 7', '7/2', True),
+    ('The answer is $(1, 2)$. Check: 1 + 2 = 3', '(1,2)', True),
+    ('The answer is \\boxed{\\begin{pmatrix} 1 \\\\\n 2 \\end{pmatrix}}.', '\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}',
+     True),
+    # The answer may start on the next line; a marker that introduces none is passed over; the last one wins.
+    ('The answer is:\n\\[\n\\boxed{5}\n\\]\nCheck: 5 + 1 = 6', '5', True),
+    ('The answer is as follows:\n\\boxed{5}', '5', True),
+    ('정답은 5입니다. 검산: 5 + 1 = 6, so the answer is correct.', '5', True),
+    ('The answer is 7. The answer is 8.', '7', False),
+    ('The answer is 7. The answer is 8.', '8', True),
+])
+def test_answer_marker_scores_only_the_sentence_it_introduces(verifier, prediction, gold, expected):
+  assert verifier.score(prediction, gold, timeout_s=VERDICT_TIMEOUT_S) is expected
+
+
+def test_many_answer_markers_do_not_time_out(verifier):
+  timeouts = verifier.stats['timeout']
+  assert verifier.score('answer: x ' * 999, '7', timeout_s=TIMEOUT_S) is False   # not a parse per marker
+  assert verifier.stats['timeout'] == timeouts
+
+
+@pytest.mark.parametrize('prediction, gold', [
+    ('\\boxed{3}', 'The limit exists and is equal to 3'),
+    ('\\boxed{4}', 'The limit exists and is equal to 3'),
+    ('\\boxed{98}', '98 values'),
+    ('\\boxed{Yes}', 'Yes'),
+    ('\\boxed{\\frac{\\sqrt{3}}{3}}', 'sqrt(3)/3, or equivalently 1/sqrt(3)'),
+    ('\\boxed{1}', 'sqrt(3)/3, or equivalently 1/sqrt(3)'),
+    ('\\boxed{x(n)<y(n-1)}', 'x(n)<y(n-1) for all n≥3'),
+])
+def test_prose_gold_is_unscorable(verifier, prediction, gold):
+  before = verifier.stats['gold_unparsable']
+  assert verifier.score(prediction, gold, timeout_s=VERDICT_TIMEOUT_S) is None   # for the judge, not a verdict
+  assert verifier.stats['gold_unparsable'] == before + 1
+
+
+@pytest.mark.parametrize('prediction, gold, expected', [
+    ('\\boxed{\\sqrt{2}}', 'sqrt(2)', True),        # function names are not prose
+    ('\\boxed{2}', 'sqrt(2)', False),
+    ('\\boxed{1, 3}', '1 and 3', True),             # nor are the connectors math-verify reads as commas
+    ('\\boxed{1, 4}', '1 and 3', False),
+    ('\\boxed{5}', '5\\text{ dollars}', True),      # nor \text groups and environment names
+    ('\\boxed{6}', '5\\text{ dollars}', False),
+    ('$\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}$', '\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}', True),
+    ('$\\begin{pmatrix} 1 \\\\ 3 \\end{pmatrix}$', '\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}', False),
+])
+def test_gold_with_math_words_stays_scorable(verifier, prediction, gold, expected):
+  assert verifier.score(prediction, gold, timeout_s=VERDICT_TIMEOUT_S) is expected
+
+
+@pytest.mark.parametrize('prediction, gold, expected', [
+    ('\\boxed{18.90}', '\\$18.90', True),
+    ('\\boxed{\\$18.90}', '\\$18.90', True),
+    ('The answer is 18.90', '\\$18.90', True),
+    ('\\boxed{18.80}', '\\$18.90', False),
+    ('\\boxed{32,348}', '\\$32,348', True),
+    ('\\boxed{32,349}', '\\$32,348', False),
+    ('The answer is 12.', '\\$12', True),
+    ('The answer is 13.', '\\$12', False),
+])
+def test_escaped_dollar_in_gold_is_a_dollar_sign(verifier, prediction, gold, expected):
+  assert verifier.score(prediction, gold, timeout_s=VERDICT_TIMEOUT_S) is expected
+
+
 @pytest.mark.parametrize('gold', ['', '   ', '\\frac{', '\\boxed{}', '$$'])
 def test_unparsable_gold_is_none_not_false(verifier, gold):
   before = verifier.stats['gold_unparsable']

@@ -73,6 +73,48 @@ def test_near_equal_floats_that_sort_apart_still_pair_up():
   assert not reward.results_match(_result((-4e-10, 'a'), (4e-10, 'c')), gold, ordered=False)
 
 
+@pytest.mark.parametrize('first, second', [
+    (1000002, 1000003),          # ids sharing their leading digits
+    (1700000000, 1700000050),    # unix timestamps
+    (2**62, 2**62 + 1),          # beyond float precision
+])
+def test_distinct_integers_in_another_order_match_and_never_within_tolerance(first, second):
+  gold = _result((first,), (second,))
+  assert reward.results_match(_result((second,), (first,)), gold, ordered=False)
+  assert reward.results_match(_result((second, 'x'), (first, 'x')), _result((first, 'x'), (second, 'x')),
+                              ordered=False)
+  assert not reward.results_match(_result((first,), (first,)), gold, ordered=False)
+  assert not reward.results_match(_result((second,), (second + 1,)), gold, ordered=False)
+
+
+def test_integers_beside_float_columns_pair_by_exact_value():
+  gold = _result((1000001, 0.5, 0.5), (1000002, 1.0000008, 1.0000008), (1000002, 1.0000008, 1.0))
+  assert reward.results_match(_result((1000002, 1.0000008, 1.0000008), (1000001, 0.5 + 1e-12, 0.5),
+                                      (1000002, 1.0, 1.0000015)), gold, ordered=False)
+  assert not reward.results_match(_result((1000002, 1.0000008, 1.0000008), (1000002, 0.5, 0.5),
+                                          (1000001, 1.0, 1.0000015)), gold, ordered=False)
+
+
+def test_tolerance_chains_need_a_real_matching_not_a_greedy_or_sorted_pairing():
+  # Each row fits its partner within tolerance, but tolerance is not transitive: 1.0000008 fits both 1.0 and
+  # 1.0000015, which do not fit each other. Pairing the identical rows first, or by sorted order, strands a row.
+  gold = _result((1.0000008, 1.0000008), (1.0000008, 1.0))
+  predicted = _result((1.0000008, 1.0000008), (1.0, 1.0000015))
+  assert reward.results_match(predicted, gold, ordered=False)
+  assert not reward.results_match(_result((1.0000008, 1.0000008), (0.9999992, 1.0000015)), gold, ordered=False)
+  assert reward.results_match(_result((1.0000008,), (1.0,)), _result((1.0,), (1.0000015,)), ordered=False)
+  assert not reward.results_match(_result((1.0000008,), (0.9999985,)), _result((1.0,), (1.0000015,)),
+                                  ordered=False)
+
+
+def test_matching_at_the_row_cap():
+  gold = _result(*[(1.0000008, 1.0000008), (1.0000008, 1.0)] * 100)
+  predicted = [(1.0000008, 1.0000008), (1.0, 1.0000015)] * 100
+  assert reward.results_match(_result(*predicted), gold, ordered=False)
+  predicted[-1] = (0.9999992, 1.0000015)
+  assert not reward.results_match(_result(*predicted), gold, ordered=False)
+
+
 def test_columns_count_and_order_matter_but_names_do_not():
   gold = _result((1, 'a'), columns=('id', 'name'))
   assert reward.results_match(_result((1, 'a'), columns=('x', 'y')), gold, ordered=False)
@@ -125,6 +167,13 @@ def test_is_correct_end_to_end(db_path):
   # AVG vs a float computed another way: equal within tolerance, not bit for bit.
   assert reward.is_correct(db_path, 'SELECT SUM(amount) * 1.0 / COUNT(amount) FROM sales',
                            'SELECT AVG(amount) FROM sales')
+
+
+def test_unordered_gold_of_large_integers_matches_them_in_any_order(db_path):
+  gold = 'SELECT 1700000000 UNION ALL SELECT 1700000050 UNION ALL SELECT 1000002'
+  assert reward.is_correct(db_path, 'SELECT 1000002 UNION ALL SELECT 1700000050 UNION ALL SELECT 1700000000', gold)
+  assert reward.is_correct(db_path, 'SELECT 1000002 UNION ALL SELECT 1700000050 UNION ALL SELECT 1700000001',
+                           gold) is False
 
 
 def test_order_by_in_gold_makes_order_count(db_path):

@@ -1,7 +1,8 @@
 """Concise chat Q&A with short reference answers, in Korean and English.
 
 The concise mode's data: questions a post-trained assistant answers in a few
-words. A response is correct when it contains the reference answer.
+words. A response is correct when it gives the reference answer and no other
+answer of its kind (`luckystar.rewards.chat`).
 
 Each fact is asked in several phrasings, and splits go by the prompt text, so a
 held-out question asks a fact the train split teaches in other words — what an
@@ -45,6 +46,18 @@ MONTHS = ('January', 'February', 'March', 'April', 'May', 'June', 'July', 'Augus
           'November', 'December')
 OPPOSITES = (('hot', 'cold', '뜨겁다', '차갑다'), ('big', 'small', '크다', '작다'), ('fast', 'slow', '빠르다', '느리다'),
              ('high', 'low', '높다', '낮다'), ('long', 'short', '길다', '짧다'), ('light', 'heavy', '가볍다', '무겁다'))
+
+
+# Every answer of each knowledge kind, as groups of its spellings in both languages ('Paris', '파리'): the
+# candidates a hedge would list (`rewards.chat`). The arithmetic kinds' answers are numbers, checked otherwise.
+ANSWERS = {
+    'capital': frozenset(frozenset(row[1::2]) for row in CAPITALS),
+    'next_day': frozenset(frozenset(row) for row in DAYS),
+    'opposite': frozenset(frozenset(row[i::2]) for row in OPPOSITES for i in (0, 1)),
+    'language': frozenset(frozenset(row[2:4]) for row in COUNTRY_FACTS),
+    'continent': frozenset(frozenset(row[4:6]) for row in COUNTRY_FACTS),
+    'next_month': frozenset(frozenset((month, f'{i}월')) for i, month in enumerate(MONTHS, 1)),
+}
 
 
 def _capital(rng):

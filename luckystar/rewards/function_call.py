@@ -188,9 +188,10 @@ def call_error(call: dict, ground_truth_entry: dict, functions: Sequence[dict]) 
   return _arguments_error(given, allowed_by_name, properties)
 
 
-def _has_perfect_matching(fits: list[list[bool]]) -> bool:
-  """fits[call][entry]; True when every call gets an entry of its own (Kuhn's augmenting paths)."""
-  owner = [None] * len(fits)  # entry → call; square: len(calls) == len(entries) here
+def has_perfect_matching(fits: list[list[bool]]) -> bool:
+  """fits[call][entry] (a square table); True when every call gets an entry of its own (Kuhn's augmenting
+  paths). Also pairs SQL result rows under a float tolerance (`rewards.sql`)."""
+  owner = [None] * len(fits)  # entry → call
 
   def assign(call: int, visited: set[int]) -> bool:
     for entry, fit in enumerate(fits[call]):
@@ -212,7 +213,7 @@ def is_correct(calls: list[dict], ground_truth: list[dict], functions: list[dict
   if len(calls) != len(ground_truth):
     return False
   fits = [[call_error(call, entry, functions) is None for entry in ground_truth] for call in calls]
-  return _has_perfect_matching(fits)
+  return has_perfect_matching(fits)
 
 
 def _gold_value(allowed):

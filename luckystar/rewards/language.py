@@ -8,10 +8,13 @@ not Korean.
 How a text is read
 ------------------
 1. NFKC (full-width Latin → ASCII, decomposed Hangul → syllables).
-2. Strip what carries no language: fenced and inline code, SQL statements
-   (`SELECT ... FROM ...` up to a newline, `;`, sentence end or the next Hangul
-   letter; quoted literals inside are part of the SQL), URLs, e-mail addresses
-   and JSON keys.
+2. Strip what carries no language: code markers (fences with their info
+   string, backticks), SQL statements (`SELECT ... FROM ...` up to a newline,
+   `;`, sentence end or the next Hangul letter; quoted literals inside are part
+   of the SQL), URLs, e-mail addresses and JSON keys. What code markers hold is
+   read like any text: its identifiers and keywords weigh 0 (step 3), its prose
+   counts, so an English answer in backticks is still English (dropping code
+   whole let a Korean prompt's English answer escape the penalty that way).
 3. Split on spaces (and , ; / |) into words and weigh each:
    - a word holding any Hangul letter (syllable or jamo) is one Korean word,
      even with Latin or digits in it: `Samsung이`, `total_sales는`,
@@ -62,8 +65,9 @@ _SURNAMES = '김이박최정강조윤장임한오서신권황안송전홍유류�
 _HANGUL_NAME = re.compile(f'[{_SURNAMES}][\uac00-\ud7a3]{{2}}')
 _LATIN_RE = re.compile('[A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f\u1e00-\u1eff]')
 
-_FENCED_CODE = re.compile(r'(```|~~~).*?(?:\1|\Z)', re.DOTALL)
-_INLINE_CODE = re.compile(r'`[^`\n]*`')
+# Code markers: a fence with its info string (```sql), backticks. What they hold is read like any text.
+_FENCED_CODE = re.compile(r'(```|~~~)(?:[\w.+-]*[ \t]*\n)?(.*?)(?:\1|\Z)', re.DOTALL)
+_INLINE_CODE = re.compile(r'`([^`\n]*)`')
 _URL = re.compile(r"\b(?:[a-zA-Z][a-zA-Z0-9+.-]{0,15}://|www\.)[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+")
 _EMAIL = re.compile(r'[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63}){1,8}')  # RFC lengths: linear time
 _JSON_KEY = re.compile(r'"[^"\n]{1,80}"\s*:|\'[^\'\n]{1,80}\'\s*:')
@@ -84,9 +88,10 @@ _IDENTIFIER = re.compile(r'_|\d|[a-z][A-Z]|\w\.\w|\w\(|[=<>@$\\]')
 
 
 def _strip_non_language(text: str) -> str:
-  """Drops code, SQL, URLs, e-mails and JSON keys: they read the same in either language."""
+  """Drops code markers, SQL, URLs, e-mails and JSON keys: they read the same in either language."""
   text = unicodedata.normalize('NFKC', text)
-  for pattern in (_FENCED_CODE, _INLINE_CODE, _URL, _EMAIL, _JSON_KEY, _SQL):
+  text = _INLINE_CODE.sub(r' \1 ', _FENCED_CODE.sub(r' \2 ', text))
+  for pattern in (_URL, _EMAIL, _JSON_KEY, _SQL):
     text = pattern.sub(' ', text)
   return text
 

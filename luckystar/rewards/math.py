@@ -30,9 +30,9 @@ parsing and comparison happens in a separate worker process:
   parser. Both run inside the worker anyway.
 
 Scores: True (equivalent), False (not equivalent, or no answer found in the
-prediction), None (cannot be scored: the gold answer does not parse, or the
-worker timed out or crashed). Callers count Nones as their own metric; they
-are never a silent 0. `MathVerifier.stats` counts why.
+prediction), None (cannot be scored: the gold answer does not parse or is
+prose, or the worker timed out or crashed). Callers count Nones as their own
+metric; they are never a silent 0. `MathVerifier.stats` counts why.
 
 Predictions longer than `MAX_PREDICTION_CHARS` score False without parsing:
 the response section holds the final answer, and no genuine one is that long,
@@ -43,15 +43,26 @@ Accepted answer forms (math-verify's LaTeX and plain-expression extraction):
 `\\boxed{...}`, `$...$` / `\\(...\\)` / `\\[...\\]`
 LaTeX, plain numbers and arithmetic (`-3`, `0.5`, `1/2`, `2^10`), thousands
 separators (`1,234`, `1 234`), percentages (`50%` equals 0.5), assignments
-(`x = 3` scores as 3), and English anchors (`The final answer is 7`, `Answer:
-7`). Korean answer markers (`정답은`, `답:`, `최종 답은` ...) are rewritten to
-`answer:` first, so `정답은 5입니다. 검산: 5+1=6` scores as 5; fractions end sentences in either
-language (`정답은 327/4입니다.`, `The answer is 404/5.`). Without any
-anchor, the last number or LaTeX expression in the text is the answer. LaTeX
-in a prediction needs delimiters: a bare `2\\pi` reads as the number 2.
+(`x = 3` scores as 3), and answer markers: English (`The final answer is 7`,
+`Answer: 7`) and Korean (`정답은`, `답:`, `최종 답은` ..., rewritten to `answer:`).
+With a marker, only the sentence the last one introduces is scored: up to a
+newline, or a `.`, `!`, `?` before a space, outside braces and closed math
+delimiters. So a check after the answer is not the answer: `정답은 5입니다.
+검산: 5 + 1 = 6` and `The answer is 5. Check: 5 + 1 = 6` score as 5. A marker
+whose sentence holds no answer (`The answer is as follows:`) is passed over
+for the one before it (up to `MAX_ANSWER_MARKERS`), then for the whole text.
+Fractions end sentences in either language (`정답은 327/4입니다.`, `The answer
+is 404/5.`). Without any marker, the last number or LaTeX expression in the
+text is the answer. LaTeX in a prediction needs delimiters: a bare `2\\pi`
+reads as the number 2.
 
 Gold answers are LaTeX, bare (`\\frac{\\sqrt{2}}{2}`, `42`, `x=3`, as in MATH's
 boxed contents) or already delimited; bare ones are parsed as `\\boxed{gold}`.
+`\\$` is a dollar sign, dropped: `\\$18.90` is 18.90. A bare gold with prose
+in it scores None, for the judge to decide: a word of 3+ letters that is no
+LaTeX command, environment or `\\text{}` group and no math function (`sqrt`,
+`and`, `or` ...), as in CHAMP's `98 values` or `The limit exists and is equal
+to 3`, whose letters would otherwise multiply as symbols.
 
   from luckystar.rewards import math as math_reward
   math_reward.is_correct('정답은 42입니다.', '42')          # True
@@ -78,12 +89,22 @@ DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_MEMORY_LIMIT_BYTES = 3 << 30
 MAX_PREDICTION_CHARS = 10_000
 SOFT_TIMEOUT_FRACTION = 0.8
+MAX_ANSWER_MARKERS = 3   # each costs a parse (~2 ms): a prediction of 1000 'answer:'s must not time out
 STARTUP_TIMEOUT_S = 60.0   # importing sympy is trusted work, but slow on a loaded machine
 
 _FRAME_HEADER = struct.Struct('>I')   # payload length, then UTF-8 JSON
 _TERMINATE_GRACE_S = 0.5
 _LATEX_DELIMITERS = ('$', '\\boxed', '\\(', '\\[')
 _KOREAN_ANSWER_MARKER = re.compile(r'(?:최종\s*)?정?답\s*(?:은|는|:|：)')
+_ANSWER_MARKER = re.compile(r'(?:final\s+)?answer(?:\*\*)?\s*(?:is\b|:|：)', re.IGNORECASE)
+_MATH_CLOSERS = {'$$': '$$', '$': '$', '\\[': '\\]', '\\(': '\\)'}   # '$$' is tried before '$'
+_SENTENCE_END = re.compile(r'[.!?。](?=\s|$)|\n')
+# Prose in a bare gold (see the module docstring): a word that is neither LaTeX nor one of _MATH_WORDS, the
+# function names and the connectors math-verify reads as commas.
+_WORD = re.compile(r'[A-Za-z]{3,}')
+_MATH_WORDS = frozenset('and or sqrt sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh log ln exp max min '
+                        'gcd lcm mod floor ceil det lim inf'.split())
+_LATEX_NOT_WORDS = re.compile(r'\\(?:text\w*|math\w*|mbox|operatorname|begin|end)\s*\{[^{}]*\}|\\[A-Za-z]+')
 # math-verify reads '327/4입니다' as 327 and the sentence-final '404/5.' as 404/5.0 (then unequal to
 # 404/5): a space goes between a number and the Hangul after it, and a period that ends a number goes.
 _NUMBER_THEN_HANGUL = re.compile(r'(\d)(?=[가-힣])')
@@ -349,16 +370,59 @@ def _die_with_parent(parent_pid: int) -> None:
     os._exit(0)   # the parent died before prctl took effect
 
 
+def _is_prose(bare_gold: str) -> bool:
+  """Does a gold without math delimiters hold a word (3+ letters) outside LaTeX commands, environment names and
+  `\\text{}`-like groups that is no math function or connector?"""
+  words = _WORD.findall(_LATEX_NOT_WORDS.sub(' ', bare_gold))
+  return any(word.lower() not in _MATH_WORDS for word in words)
+
+
+def _sentence_end(text: str, position: int) -> int:
+  """Where the sentence that starts at `position` (after any blank) ends: a newline, or `.`, `!`, `?` before a
+  space or the end of the text; never inside braces or inside math delimiters that close."""
+  while position < len(text) and text[position].isspace():   # the answer may start on the next line
+    position += 1
+  depth = 0   # of braces
+  while position < len(text):
+    opener = next((o for o in _MATH_CLOSERS if text.startswith(o, position)), None)
+    math_end = text.find(_MATH_CLOSERS[opener], position + len(opener)) if opener else -1
+    if math_end >= 0:
+      position = math_end + len(_MATH_CLOSERS[opener])
+    elif text[position] == '\\':
+      position += 2   # a command or an escaped character (`\$`, `\{`)
+    elif depth <= 0 and _SENTENCE_END.match(text, position):
+      return position
+    else:
+      depth += {'{': 1, '}': -1}.get(text[position], 0)
+      position += 1
+  return len(text)
+
+
+def _answer_candidates(prediction: str):
+  """Where the answer is, best first: the sentence each of the last MAX_ANSWER_MARKERS answer markers
+  introduces, the last marker's first, then the whole prediction. So a check after the answer ('The answer is
+  13. Check: 10 + 4 = 14') is not read as the answer, while a marker that introduces none ('The answer is as
+  follows:', '... so the answer is correct.') is passed over."""
+  for marker in reversed(list(_ANSWER_MARKER.finditer(prediction))[-MAX_ANSWER_MARKERS:]):
+    yield prediction[marker.start():_sentence_end(prediction, marker.end())]
+  yield prediction
+
+
 def _verify(math_verify, extraction_config, prediction: str, gold: str) -> bool | None:
-  gold = gold.strip()   # trusted data: no length cap
+  gold = gold.strip().replace('\\$', '')   # trusted data: no length cap. '\$18.90' is a price, not math
   if gold and not any(delimiter in gold for delimiter in _LATEX_DELIMITERS):
+    if _is_prose(gold):
+      return None   # unscorable: the judge decides
     gold = f'\\boxed{{{gold}}}'   # bare gold is LaTeX: unwrapped, '2\\pi' would parse as 2
   gold_parsed = math_verify.parse(gold, extraction_config, parsing_timeout=None)
   if all(isinstance(item, str) for item in gold_parsed):   # empty, or only the raw-text fallback
     return None
-  prediction = _KOREAN_ANSWER_MARKER.sub('answer: ', prediction)
-  prediction = _PERIOD_AFTER_NUMBER.sub(r'\1', _NUMBER_THEN_HANGUL.sub(r'\1 ', prediction))
-  prediction_parsed = math_verify.parse(prediction, extraction_config, parsing_timeout=None)
+  prediction_parsed = []
+  for candidate in _answer_candidates(_KOREAN_ANSWER_MARKER.sub('answer: ', prediction)):
+    candidate = _PERIOD_AFTER_NUMBER.sub(r'\1', _NUMBER_THEN_HANGUL.sub(r'\1 ', candidate))
+    prediction_parsed = math_verify.parse(candidate, extraction_config, parsing_timeout=None)
+    if prediction_parsed:
+      break
   if not prediction_parsed:
     return False
   # Gold first: math-verify is not symmetric (assignments, intervals). timeout_seconds=None turns

@@ -10,12 +10,11 @@ reward: callers count it (`train/unscorable`) and leave it out, never score it 0
 import dataclasses
 import functools
 import json
-import re
 from typing import Sequence
 
 from luckystar import tools
 from luckystar.data.examples import Example
-from luckystar.rewards import choice, function_call, language
+from luckystar.rewards import chat, choice, function_call, language
 from luckystar.rewards import math as math_reward
 from luckystar.rewards import sql as sql_reward
 from luckystar.tokenizer import AssistantTurn
@@ -47,10 +46,6 @@ def format_ok(task: str, turn: AssistantTurn, actions: Sequence[str]) -> bool:
   return bool(turn.response and turn.response.strip())
 
 
-def _normalize(text: str) -> str:
-  return re.sub(r'[\s\W_]+', '', text.casefold())
-
-
 def _last_sql(actions: Sequence[str]) -> str | None:
   """The query of the last `execute_sql` call: what the agent's answer rests on."""
   for action in reversed(actions):
@@ -72,7 +67,7 @@ def is_correct(example: Example, turn: AssistantTurn, actions: Sequence[str] = (
   if example.task == 'korean_mc':
     return choice.is_correct(response, example.answer)
   if example.task == 'chat':
-    return _normalize(example.answer) in _normalize(response)
+    return chat.is_correct(response, example.answer, prompt=example.prompt)
   if example.task == 'function_calling':
     calls = [c for a in actions for c in function_call.parse_calls(a) or ()]
     return function_call.is_correct(calls, json.loads(example.answer), example.meta['functions'])

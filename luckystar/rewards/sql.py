@@ -5,13 +5,16 @@ decisions, in one place:
 
   * rows are a multiset (order ignored, duplicates counted) unless the gold
     query has a top-level ORDER BY; then order matters too. Ties in the gold's
-    sort key are compared in the gold's order (the usual execution-match rule);
+    sort key are compared in the gold's order (the usual execution-match rule).
+    A multiset matches when the rows pair one-to-one into equal rows; since
+    the float tolerance is not transitive, that pairing is a true bipartite
+    matching, not a greedy or sorted one;
   * column names are ignored, column count and column order matter:
     `SELECT b, a` does not match `SELECT a, b` (the question asked for columns
     in an order, and permuting columns would make almost any pair match);
-  * cells: None only equals None, strings and blobs compare exactly, numbers
-    numerically (3 == 3.0) within rel 1e-6 / abs 1e-9, a number never equals a
-    string ('3' != 3);
+  * cells: None only equals None, strings, blobs and two integers compare
+    exactly (1000001 != 1000002), a float and a number numerically (3 == 3.0)
+    within rel 1e-6 / abs 1e-9, a number never equals a string ('3' != 3);
   * a truncated result never matches, whatever the other side: a prefix proves
     nothing about the rest. A truncated *gold* is unscorable (None), like a
     failing gold, so the caller counts it instead of rewarding 0.
@@ -22,6 +25,7 @@ unscorable for the rest of the run.
 """
 
 import collections
+import itertools
 import math
 import os
 import pathlib
@@ -31,6 +35,7 @@ from typing import Any
 import sqlglot
 from sqlglot import exp
 
+from luckystar.rewards.function_call import has_perfect_matching
 from luckystar.tools import sql as sql_tool
 
 REL_TOL = 1e-6
@@ -60,15 +65,7 @@ def results_match(predicted: sql_tool.SqlResult, gold: sql_tool.SqlResult, *, or
     return False
   if ordered:
     return all(_rows_equal(p, g) for p, g in zip(predicted.rows, gold.rows))
-  predicted_sorted = sorted(predicted.rows, key=_row_key)
-  gold_sorted = sorted(gold.rows, key=_row_key)
-  if all(_rows_equal(p, g) for p, g in zip(predicted_sorted, gold_sorted)):
-    return True
-  # Rounded sort keys can split near-equal floats that straddle a rounding
-  # boundary; only then is a pairing by search needed.
-  if not any(isinstance(cell, float) for rows in (predicted.rows, gold.rows) for row in rows for cell in row):
-    return False
-  return _greedy_multiset_match(predicted.rows, gold.rows)
+  return _same_multiset(predicted.rows, gold.rows)
 
 
 def has_order_by(sql: str) -> bool:
@@ -146,23 +143,42 @@ def _rows_equal(a: tuple, b: tuple) -> bool:
   return len(a) == len(b) and all(_cells_equal(x, y) for x, y in zip(a, b))
 
 
+def _cell_key(value) -> tuple:
+  """Orders cells of mixed types: None, numbers by exact value, strings, blobs. Equal keys iff equal non-floats."""
+  if value is None:
+    return (0,)
+  if _is_number(value):
+    return (1, 0.0 if value != value else value)  # NaN equals nothing; any fixed key keeps the sort defined
+  return (2, value) if isinstance(value, str) else (3, bytes(value))
+
+
 def _row_key(row: tuple) -> tuple:
-  """Sorts rows of mixed types; numbers by value rounded to 6 significant digits so near-equal ones sit together."""
-  def cell_key(value):
-    if value is None:
-      return (0, 0)
-    if _is_number(value):
-      rounded = float(f'{float(value):.6g}')
-      return (1, 0.0 if math.isnan(rounded) else rounded)
-    return (2, value) if isinstance(value, str) else (3, bytes(value))
-  return tuple(cell_key(value) for value in row)
+  return tuple(_cell_key(value) for value in row)
 
 
-def _greedy_multiset_match(predicted_rows, gold_rows) -> bool:
-  unmatched = list(gold_rows)
-  for row in predicted_rows:
-    index = next((i for i, gold_row in enumerate(unmatched) if _rows_equal(row, gold_row)), None)
-    if index is None:
-      return False
-    unmatched.pop(index)
-  return True
+def _same_multiset(predicted_rows: tuple, gold_rows: tuple) -> bool:
+  """Whether the rows pair one-to-one into equal rows (`_rows_equal`), in any order; the row counts are equal.
+
+  Without floats every cell compares exactly, an equivalence, so rows sorted by exact value pair up position by
+  position or not at all. Floats within tolerance can sort apart (-4e-10 vs 4e-10) or chain (1.0000008 fits 1.0
+  and 1.0000015, which do not fit each other), so with a float present a failed sorted pairing is rechecked
+  exactly: rows are grouped by their cells in float-free columns (exact there) and by which cells of the other
+  columns are numbers; each group needs as many predicted as gold rows and a perfect bipartite matching. Work
+  is quadratic in a group's rows plus the matching's augmenting paths; `is_correct` results hold ≤ 200 rows.
+  """
+  if all(_rows_equal(p, g) for p, g in zip(sorted(predicted_rows, key=_row_key), sorted(gold_rows, key=_row_key))):
+    return True
+  tolerant_columns = {column for row in itertools.chain(predicted_rows, gold_rows)
+                      for column, value in enumerate(row) if isinstance(value, float)}
+  if not tolerant_columns:
+    return False
+  groups = collections.defaultdict(lambda: ([], []))  # exact part of a row → (predicted rows, gold rows)
+  for side, rows in enumerate((predicted_rows, gold_rows)):
+    for row in rows:
+      exact_part = tuple((1,) if column in tolerant_columns and _is_number(value) else _cell_key(value)
+                         for column, value in enumerate(row))
+      groups[exact_part][side].append(row)
+  if any(len(predicted) != len(gold) for predicted, gold in groups.values()):
+    return False
+  return all(has_perfect_matching([[_rows_equal(p, g) for g in gold] for p in predicted])
+             for predicted, gold in groups.values())

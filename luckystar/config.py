@@ -2,6 +2,7 @@
 
 import importlib
 import importlib.util
+import json
 import pathlib
 
 import ml_collections
@@ -47,9 +48,41 @@ def stage_module(stage: str):
   return module
 
 
+# What a re-run on a workdir with checkpoints may change and still resume: how long the run goes, how often it
+# logs, evaluates and checkpoints, and how its batch is split over devices and micro-batches (the loss is a sum
+# over the global batch however it is split). Anything else would continue one run with another's settings.
+RESUME_MAY_CHANGE = ('total_steps', 'log_every', 'eval_every', 'checkpoint_every', 'keep_checkpoints',
+                     'grad_accum_steps', 'mesh', 'distributed')
+
+
 def save(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> None:
-  """workdir/config.json: the config a stage runs with (main and the pipeline write it from process 0)."""
-  (pathlib.Path(workdir) / 'config.json').write_text(config.to_json_best_effort(indent=2) + '\n')
+  """workdir/config.json: the config a stage runs with (main and the pipeline call this on every process;
+  process 0 writes it, atomically). Over a run that has checkpoints, a config that differs from the saved one
+  outside RESUME_MAY_CHANGE is a UserError naming the keys, on every process, and the saved config stays."""
+  import jax
+  from luckystar.train import checkpoint  # here: it imports this module
+  path = pathlib.Path(workdir) / 'config.json'
+  text = config.to_json_best_effort(indent=2) + '\n'
+  if path.is_file() and checkpoint.latest_step(workdir) is not None:
+    saved, new = _flat(json.loads(path.read_text())), _flat(json.loads(text))
+    if differ := sorted(key for key in saved.keys() | new.keys() if saved.get(key, '<absent>') != new.get(
+        key, '<absent>') and key.split('.')[0] not in RESUME_MAY_CHANGE):
+      raise UserError(f'{workdir} holds checkpoints of a run with another config ({", ".join(differ[:6])} differ: '
+                      f'{ {key: saved.get(key, "<absent>") for key in differ[:6]} } there); a re-run resumes it, so '
+                      f'only {", ".join(RESUME_MAY_CHANGE)} may change. Use a new --workdir, or delete {path.parent} '
+                      f'to start over')
+  if jax.process_index() == 0:
+    tmp = path.with_name(path.name + '.tmp')
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _flat(tree: dict, prefix: str = '') -> dict:
+  """Nested dicts as {'a.b': value}."""
+  flat = {}
+  for key, value in tree.items():
+    flat.update(_flat(value, f'{prefix}{key}.') if isinstance(value, dict) else {f'{prefix}{key}': value})
+  return flat
 
 
 def base(stage: str) -> ml_collections.ConfigDict:

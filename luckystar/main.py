@@ -2,16 +2,17 @@
 
     python -m luckystar.main --config=configs/<stage>.py[:variant] --workdir=DIR [--config.key=value ...]
 
-Writes DIR/config.json, then runs the stage named by `config.stage`
-(its module's `run(config, workdir)`).
+Writes DIR/config.json, then runs the stage named by `config.stage` (its module's `run(config, workdir)`).
+Re-running on the same DIR resumes from its last checkpoint; the config may then change only in
+`config.RESUME_MAY_CHANGE` (how long the run goes, how often it logs and checkpoints, how the batch is laid out).
 """
 
 import pathlib
+import re
 import sys
 
 from absl import app
 from absl import flags
-import jax
 from ml_collections import config_flags
 
 from luckystar import config as config_lib
@@ -33,9 +34,8 @@ def main(argv):
   except (config_lib.StageNotBuiltError, ValueError, OSError, config_lib.UserError) as e:
     raise SystemExit(f'error: {e}') from None
   workdir.mkdir(parents=True, exist_ok=True)
-  if jax.process_index() == 0:
-    config_lib.save(config, workdir)
   try:
+    config_lib.save(config, workdir)
     module.run(config, str(workdir))
   except (FileNotFoundError, config_lib.UserError) as e:  # a bad init_from, checkpoint or data file
     raise SystemExit(f'error: {e}') from None
@@ -46,10 +46,15 @@ def parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
   except (AttributeError, KeyError) as e:  # ml_collections' locked-config error for an unknown key
-    key = str(e).strip('\'"')
+    # Its message is the key, quoted, maybe escaped and followed by a close match ('\'totl_steps\'\nDid you mean
+    # "total_steps" instead of "totl_steps"?').
+    message = str(e).encode().decode('unicode_escape')
+    key = (re.search(r"[\w.-]+", message) or [message])[0]
+    suggestion = (re.search(r'Did you mean "([^"]+)"', message) or [None, None])[1]
     given = [a.split('=')[0] for a in argv if a.startswith('--config.') and key in a.split('=')[0]]
     sys.exit(f'error: unknown config key {key!r} (from {", ".join(given) or "a --config override"}); '
-             f'configs are locked, so an override must name a key the config file defines')
+             + (f'did you mean {suggestion!r}? ' if suggestion else '')
+             + 'configs are locked, so an override must name a key the config file defines')
   except flags.Error as e:
     sys.exit(f'error: {e}\nUsage: python -m luckystar.main --config=configs/<stage>.py --workdir=DIR')
 

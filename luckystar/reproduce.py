@@ -86,8 +86,7 @@ def run_stage(name: str, stage_config: ml_collections.ConfigDict, stage_dir: pat
   module = config_lib.stage_module(stage_config.stage)
   stage_dir.mkdir(parents=True, exist_ok=True)
   start = time.perf_counter()
-  if jax.process_index() == 0:
-    config_lib.save(stage_config, stage_dir)
+  config_lib.save(stage_config, stage_dir)
   module.run(stage_config, str(stage_dir))
   wall_s = time.perf_counter() - start
   if jax.process_index() == 0:

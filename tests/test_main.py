@@ -78,3 +78,28 @@ def test_every_stage_config_has_the_shared_keys():
       assert key in config, (stage, key)
   with pytest.raises(ValueError, match='unknown stage'):
     config_lib.base('pretrain')
+
+
+def test_unknown_key_with_a_close_match_names_both():
+  result = _run('--config=configs/sft.py:smoke', '--config.totl_steps=3', '--workdir=/nonexistent')
+  assert result.returncode != 0 and 'Traceback' not in result.stderr
+  assert "unknown config key 'totl_steps' (from --config.totl_steps); did you mean 'total_steps'?" in result.stderr
+
+
+def test_a_workdir_with_checkpoints_resumes_only_under_its_own_config(tmp_path):
+  """Over checkpoints, a re-run may change how long and how often (RESUME_MAY_CHANGE), nothing that would
+  continue the run with other settings; the saved config.json then stays as it was."""
+  config = config_lib.from_file(ROOT / 'configs' / 'sft.py', 'smoke')
+  config_lib.save(config, tmp_path)                 # a fresh workdir: written
+  config.learning_rate *= 2
+  config_lib.save(config, tmp_path)                 # no checkpoint yet: a new start may change anything
+  saved = (tmp_path / 'config.json').read_text()
+  (tmp_path / 'checkpoints' / '2').mkdir(parents=True)
+  config.total_steps, config.log_every, config.mesh.data = 50, 5, 2
+  config_lib.save(config, tmp_path)                 # allowed over checkpoints
+  assert json.loads((tmp_path / 'config.json').read_text())['total_steps'] == 50
+  saved = (tmp_path / 'config.json').read_text()
+  config.learning_rate, config.seed = 5.0, 7
+  with pytest.raises(config_lib.UserError, match=r'another config \(learning_rate, seed differ'):
+    config_lib.save(config, tmp_path)
+  assert (tmp_path / 'config.json').read_text() == saved

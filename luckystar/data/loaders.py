@@ -1,6 +1,7 @@
 """Loaders for the real formats users bring: Spider/BIRD, math jsonl, KoBALT-style MC jsonl.
 
-Every loader names the file and line of a malformed record.
+Every loader names the file and line of a malformed record, as a `DataError`: a ValueError that
+`luckystar.main` prints without a traceback.
 """
 
 import json
@@ -8,6 +9,7 @@ import pathlib
 import re
 from typing import Any, Iterator
 
+from luckystar import config as config_lib
 from luckystar.data import korean_mc, nl2sql
 from luckystar.data.examples import Example
 from luckystar.rewards import language as rewards_language
@@ -15,12 +17,16 @@ from luckystar.rewards import language as rewards_language
 _WHITESPACE = re.compile(r'\s*')
 
 
+class DataError(config_lib.UserError, ValueError):
+  """A malformed data file; the message names file:line."""
+
+
 def read_records(path: str | pathlib.Path) -> Iterator[tuple[int, dict]]:
   """(line number, object) from a JSON-lines file or a JSON array file (Spider's layout); blank lines
   are skipped, and anything that is not a JSON object is an error naming file and line."""
   for line, record in _read_json_values(path):
     if not isinstance(record, dict):
-      raise ValueError(f'{path}:{line}: expected a JSON object, got {type(record).__name__}')
+      raise DataError(f'{path}:{line}: expected a JSON object, got {type(record).__name__}')
     yield line, record
 
 
@@ -34,7 +40,7 @@ def _read_json_values(path: str | pathlib.Path) -> Iterator[tuple[int, Any]]:
   try:
     text = path.read_text(encoding='utf-8')
   except (OSError, UnicodeDecodeError) as e:
-    raise ValueError(f'{path}: cannot read: {e}') from None
+    raise DataError(f'{path}: cannot read: {e}') from None
   line_at = lambda index: text.count('\n', 0, index) + 1
   decoder = json.JSONDecoder()
   start = _WHITESPACE.match(text).end()
@@ -44,18 +50,18 @@ def _read_json_values(path: str | pathlib.Path) -> Iterator[tuple[int, Any]]:
       try:
         record, end = decoder.raw_decode(text, index)
       except json.JSONDecodeError as e:
-        raise ValueError(f'{path}:{line_at(e.pos)}: invalid JSON: {e.msg}') from None
+        raise DataError(f'{path}:{line_at(e.pos)}: invalid JSON: {e.msg}') from None
       yield line_at(index), record
       index = _WHITESPACE.match(text, end).end()
       if text[index:index + 1] == ']':
         break
       if text[index:index + 1] != ',':
-        raise ValueError(f'{path}:{line_at(index)}: expected "," or "]" in JSON array')
+        raise DataError(f'{path}:{line_at(index)}: expected "," or "]" in JSON array')
       index = _WHITESPACE.match(text, index + 1).end()
       if text[index:index + 1] == ']':
-        raise ValueError(f'{path}:{line_at(index)}: invalid JSON: trailing "," before "]" in JSON array')
+        raise DataError(f'{path}:{line_at(index)}: invalid JSON: trailing "," before "]" in JSON array')
     if (end := _WHITESPACE.match(text, index + 1).end()) < len(text):
-      raise ValueError(f'{path}:{line_at(end)}: unexpected text after the JSON array\'s closing "]"')
+      raise DataError(f'{path}:{line_at(end)}: unexpected text after the JSON array\'s closing "]"')
     return
   for line, raw in enumerate(text.split('\n'), 1):
     raw = raw.removesuffix('\r')
@@ -63,7 +69,7 @@ def _read_json_values(path: str | pathlib.Path) -> Iterator[tuple[int, Any]]:
       try:
         yield line, json.loads(raw)
       except json.JSONDecodeError as e:
-        raise ValueError(f'{path}:{line}: invalid JSON: {e.msg}') from None
+        raise DataError(f'{path}:{line}: invalid JSON: {e.msg}') from None
 
 
 def _field(record: dict, names: tuple[str, ...], path, line, kind=str):
@@ -72,9 +78,9 @@ def _field(record: dict, names: tuple[str, ...], path, line, kind=str):
       value = record[name]
       if not isinstance(value, kind) or (isinstance(value, str) and not value.strip()):
         kinds = kind if isinstance(kind, tuple) else (kind,)
-        raise ValueError(f'{path}:{line}: field {name!r} must be a non-empty {" or ".join(k.__name__ for k in kinds)}')
+        raise DataError(f'{path}:{line}: field {name!r} must be a non-empty {" or ".join(k.__name__ for k in kinds)}')
       return value
-  raise ValueError(f'{path}:{line}: missing field {" or ".join(repr(n) for n in names)}')
+  raise DataError(f'{path}:{line}: missing field {" or ".join(repr(n) for n in names)}')
 
 
 def _language(record: dict, text: str, path, line) -> str:
@@ -82,7 +88,7 @@ def _language(record: dict, text: str, path, line) -> str:
   if language is None:  # the one prompt-language rule; text with no clear language (e.g. "1+1?") is tagged en
     return rewards_language.classify_prompt(text) or 'en'
   if language not in ('ko', 'en'):
-    raise ValueError(f'{path}:{line}: language must be "ko" or "en", got {language!r}')
+    raise DataError(f'{path}:{line}: language must be "ko" or "en", got {language!r}')
   return language
 
 
@@ -98,7 +104,7 @@ def load_spider(questions: str | pathlib.Path, database_dir: str | pathlib.Path,
     db_path = database_dir / name / f'{name}.sqlite'
     if name not in contexts:
       if not db_path.is_file():
-        raise ValueError(f'{questions}:{line}: database {db_path} does not exist')
+        raise DataError(f'{questions}:{line}: database {db_path} does not exist')
       contexts[name] = nl2sql.context(name, db_path)
     evidence = record.get('evidence')
     prompt = f'{question}\n(Hint: {evidence})' if evidence else question
@@ -132,11 +138,11 @@ def load_kobalt_jsonl(path: str | pathlib.Path, *, split: str = 'heldout') -> li
     options = record.get('options')
     if options is not None:
       if not isinstance(options, list) or not 2 <= len(options) <= korean_mc.NUM_OPTIONS:
-        raise ValueError(f'{path}:{line}: options must be a list of 2–{korean_mc.NUM_OPTIONS} strings')
+        raise DataError(f'{path}:{line}: options must be a list of 2–{korean_mc.NUM_OPTIONS} strings')
       question += '\n\n' + '\n'.join(f'{l}. {o}' for l, o in zip(korean_mc.LETTERS, options))
     letters = korean_mc.LETTERS[:len(options)] if options else korean_mc.LETTERS
     if answer not in letters:
-      raise ValueError(f'{path}:{line}: answer {answer!r} is not one of the letters {letters}')
+      raise DataError(f'{path}:{line}: answer {answer!r} is not one of the letters {letters}')
     examples.append(Example(
         id=f'{pathlib.Path(path).stem}-{line}', task='korean_mc', language='ko', split=split, prompt=question,
         answer=answer, meta={k: record[k] for k in ('Class', 'Subclass', 'Difficulty', 'class', 'subclass')

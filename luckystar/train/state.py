@@ -53,7 +53,7 @@ def initial_model(init_from: str, overrides: Any = None) -> tuple[model.ModelCon
     try:
       return model.get(init_from[len(RANDOM_INIT_PREFIX):], **overrides), None
     except ValueError as e:
-      raise ValueError(f'config.init_from={init_from!r}: {e}') from None
+      raise config_lib.UserError(f'config.init_from={init_from!r}: {e}') from None
   loaded = luckystar.load(init_from, **overrides)  # bundled name, run/checkpoint directory or transformers directory
   return loaded.config, loaded.params
 

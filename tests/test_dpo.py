@@ -335,6 +335,11 @@ def test_reference_logps_are_cached_reused_and_invalidated(tmp_path, monkeypatch
   assert len(calls) == 3
   get(other_params, other_pairs)
   assert len(calls) == 3
+  windowed = dpo.reference_logps(tmp_path, dataclasses.replace(MICRO, sliding_window=2), other_params, other_pairs,
+                                 mesh=mesh, batch_size=2, length_multiple=8)   # same params, another config
+  assert len(calls) == 4                                                      # recomputed, and different
+  assert not np.allclose(windowed, compute(MICRO, other_params, other_pairs, mesh=mesh, batch_size=2,
+                                           length_multiple=8))
 
 
 # ---- the command line, end to end ------------------------------------------------------------------------

@@ -297,6 +297,9 @@ def test_config_errors_come_before_the_model_loads(tmp_path, monkeypatch):
   monkeypatch.setattr(rloo.jax, 'process_count', lambda: 2)
   with pytest.raises(config_lib.UserError, match='config.batch_size=3'):
     rloo.run(config, str(tmp_path))
+  config.batch_size, config.sampling.temperature = 2, 0.0   # logits / 0: every update NaN, silently skipped
+  with pytest.raises(config_lib.UserError, match='config.sampling.temperature=0.0'):
+    rloo.run(config, str(tmp_path))
 
 
 # ---- the stage end to end ------------------------------------------------------------------------

@@ -49,9 +49,9 @@ The stage (`run`):
      calls the calculator.
   2. Reference log-probs (`reference_logps`): summed response log-probs of every pair under the
      starting params, computed once before training and cached in `workdir/dpo_reference.npz` under a
-     key that hashes the params (every leaf's bytes) and the pairs' tokens and masks; a run with the
-     same model and data reuses them, another model or data recomputes them. No reference params are
-     held during training.
+     key that hashes the params (every leaf's bytes), the model config and the pairs' tokens and masks;
+     a run with the same model and data reuses them, another model or data recomputes them. No
+     reference params are held during training.
   3. The shared loop (`loop.run_training`) on shuffled batches of pairs; `eval/*` (greedy held-out
      correctness and response length in both modes, `evals.core`) at step 0 and at the end. The same
      command on the same workdir resumes.
@@ -298,6 +298,7 @@ def pairs_fingerprint(config) -> dict[str, Any]:
   return json.loads(json.dumps({
       'init_from': config.init_from, 'seed': config.seed, 'sampling': dict(config.sampling),
       'direct_format': DIRECT_FORMAT,
+      **({'model_overrides': dict(config.model_overrides)} if config.model_overrides else {}),  # another policy
       **{key: settings[key] for key in ('chosen', 'tasks', 'modes', 'anchor_modes', 'anchor_tasks',
                                         'math_max_difficulty', 'max_prompt_tokens', 'pair_prompts',
                                         'samples_per_prompt', 'pairs_per_prompt', 'verbose_min_ratio',
@@ -493,8 +494,11 @@ def pairs_digest(pairs: Sequence[Mapping[str, Any]]) -> str:
   return digest.hexdigest()
 
 
-def reference_key(model_digest: str, data_digest: str) -> str:
-  return hashlib.sha256(json.dumps({'model': model_digest, 'data': data_digest, 'format': 1}).encode()).hexdigest()
+def reference_key(model_digest: str, data_digest: str, model_config: model.ModelConfig) -> str:
+  """The cache key: the params, the pairs and the model config (the same params under another config, e.g.
+  `config.model_overrides` of sliding_window, give other log-probs)."""
+  return hashlib.sha256(json.dumps({'model': model_digest, 'data': data_digest, 'config': repr(model_config),
+                                    'format': 1}).encode()).hexdigest()
 
 
 def compute_reference_logps(model_config: model.ModelConfig, params: Any, pairs: Sequence[Mapping[str, Any]], *,
@@ -518,7 +522,7 @@ def reference_logps(workdir: pathlib.Path, model_config: model.ModelConfig, para
   """`compute_reference_logps`, cached in `workdir/dpo_reference.npz` under `reference_key` of the
   params and the pairs: reused when both are unchanged, recomputed (and the cache replaced) otherwise."""
   path = workdir / REFERENCE_FILE
-  key = reference_key(params_digest(params), pairs_digest(pairs))
+  key = reference_key(params_digest(params), pairs_digest(pairs), model_config)
   if path.is_file():
     with np.load(path) as cached:
       if str(cached['key']) == key and cached['logps'].shape == (len(pairs), 2):

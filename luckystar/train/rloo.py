@@ -353,6 +353,9 @@ def check_eval_split(config) -> str:
 def check_config(config) -> None:
   """The config errors `run` would otherwise meet only after prompt selection (minutes of rollouts)."""
   check_eval_split(config)
+  if not config.sampling.temperature > 0:   # the loss divides logits by it: 0 would make every update NaN (skipped)
+    raise config_lib.UserError(f'config.sampling.temperature={config.sampling.temperature}: RLVR samples its '
+                               'rollouts and scores them at this temperature, so it must be > 0')
   if config.batch_size % jax.process_count():
     raise config_lib.UserError(f'config.batch_size={config.batch_size} prompts per step does not split over '
                                f'{jax.process_count()} processes')

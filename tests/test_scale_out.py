@@ -141,3 +141,21 @@ def test_sharded_sampling_pads_a_batch_that_does_not_split():
   assert outputs['data'].tokens.shape == (5, 6)
   np.testing.assert_array_equal(np.asarray(outputs['data'].tokens), np.asarray(outputs['one device'].tokens))
   np.testing.assert_array_equal(np.asarray(outputs['data'].lengths), np.asarray(outputs['one device'].lengths))
+
+
+@pytest.mark.parametrize('stage', sorted(STAGES))
+def test_metrics_do_not_depend_on_grad_accum_steps(stage):
+  """Every aux entry, not only the loss and gradients, comes out as from the whole batch: means over some rows
+  (DPO's rewards over preference rows, anchor_loss over anchors) by those rows, counts summed (AUX_WEIGHTS).
+  Averaging all of them by the denominator made DPO's anchor_rows 1 / 0.5 / 0.25 at 1 / 2 / 4 micro-batches."""
+  loss, denominator, make_batch = STAGES[stage]
+  batch = jax.tree.map(np.asarray, make_batch(np.random.default_rng(3)))
+  params = host_params(MICRO, 1)
+  weights = {'sft': None, 'rloo': rloo.AUX_WEIGHTS, 'dpo': dpo.AUX_WEIGHTS}[stage]
+  aux = {k: jax.jit(lambda p, b, k=k: step_lib.accumulate_gradients(
+      loss, p, b, jax.random.key(0), grad_accum_steps=k, denominator=denominator, aux_weights=weights)[1])(
+          params, batch) for k in (1, 2, 4)}
+  assert set(aux[2]) == set(aux[4]) == set(aux[1])
+  for k in (2, 4):
+    for name, value in aux[1].items():
+      np.testing.assert_allclose(aux[k][name], value, rtol=2e-5, atol=1e-6, err_msg=f'{name} at {k} micro-batches')

@@ -105,6 +105,13 @@ ANCHOR_STREAM = 1000                  # anchor sampling's RNG stream: fold_in(ke
 
 # ---- the loss ------------------------------------------------------------------------------------
 
+# How `loss_fn`'s aux entries combine over micro-batches (`step.accumulate_gradients`): means over the
+# preference rows or the anchor rows by those rows, counts summed; the loss by 'pairs', the denominator.
+AUX_WEIGHTS = {**dict.fromkeys(('rewards/chosen', 'rewards/rejected', 'rewards/margins', 'rewards/accuracies',
+                                'logps/chosen', 'logps/rejected', 'response_length/chosen', 'response_length/rejected',
+                                'sft_loss'), 'preference_rows'),
+               'anchor_loss': 'anchor_rows', 'anchor_rows': None, 'preference_rows': None}
+
 
 def sequence_logps(token_logps: jax.Array, loss_mask: jax.Array) -> jax.Array:
   """Σ_t log π(token t+1 | ≤ t) over response tokens: token_logps [N, T-1] (`rloo.token_logprobs`),
@@ -157,8 +164,9 @@ def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, 
   preference rows, named as TRL names them: rewards/chosen and rewards/rejected (β·(log π − log π_ref)),
   rewards/margins (their difference), rewards/accuracies (chosen reward > rejected reward),
   logps/chosen, logps/rejected (summed response log-probs), response_length/chosen and /rejected
-  (response tokens), sft_loss (the NLL term before its weight); anchor_loss (the anchors' NLL) and
-  anchor_rows; loss, and pairs (the denominator: rows).
+  (response tokens), sft_loss (the NLL term before its weight); anchor_loss (the anchors' NLL),
+  anchor_rows and preference_rows; loss, and pairs (the denominator: rows). AUX_WEIGHTS says how they
+  combine over micro-batches.
   """
   del rng  # deterministic
   logps = pair_logps(model_config, params, batch)                       # [B, 2]
@@ -184,7 +192,7 @@ def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, 
          'response_length/chosen': over(preference, lengths[:, 0]),
          'response_length/rejected': over(preference, lengths[:, 1]),
          'sft_loss': over(preference, nll), 'anchor_loss': over(anchor, nll), 'anchor_rows': anchor.sum(),
-         'pairs': jnp.asarray(logps.shape[0], jnp.float32)}
+         'preference_rows': preference.sum(), 'pairs': jnp.asarray(logps.shape[0], jnp.float32)}
   return loss, aux
 
 
@@ -571,6 +579,7 @@ def run(config, workdir: str) -> None:
                            anchor_weight=settings.anchor_weight)
   update_fn = step_lib.make_update_fn(loss, optimizer, step_lib.state_shardings_of(state), mesh=mesh,
                                       learning_rate=optim.learning_rate_schedule(config),
-                                      grad_accum_steps=config.grad_accum_steps, denominator='pairs')
+                                      grad_accum_steps=config.grad_accum_steps, denominator='pairs',
+                                      aux_weights=AUX_WEIGHTS)
   loop.run_training(config, workdir, state=state, update_fn=update_fn, batches=batches,
                     eval_fn=eval_fn if eval_settings.per_task_language else None, model_config=model_config)

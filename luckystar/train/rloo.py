@@ -96,6 +96,12 @@ def next_tokens(batch: Mapping[str, jax.Array], values: jax.Array) -> jax.Array:
   return jnp.where(columns >= 0, picked, jnp.zeros_like(picked))
 
 
+# How `loss_fn`'s aux entries combine over micro-batches (`step.accumulate_gradients`): token means by their
+# tokens, counts summed; the loss by the denominator (`normalize`).
+AUX_WEIGHTS = {'kl': 'tokens', 'ratio': 'tokens', 'clip_fraction': 'tokens', 'entropy': 'sampled_tokens',
+               'tokens': None, 'sequences': None, 'sampled_tokens': None}
+
+
 def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, *, model_config: model.ModelConfig,
             temperature: float = 1.0, clip_epsilon: float = 0.0, kl_beta: float = 0.0,
             normalize: str = 'tokens') -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -140,7 +146,8 @@ def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, 
   clipped = (jnp.abs(ratio - 1) > clip_epsilon) if clip_epsilon > 0 else jnp.zeros_like(ratio, bool)
   aux = {'loss': loss, 'kl': mean(kl), 'entropy': (entropy * generated).sum() / jnp.maximum(generated.sum(), 1.0),
          'ratio': mean(ratio),
-         'clip_fraction': mean(clipped.astype(jnp.float32)), 'tokens': tokens, 'sequences': sequences}
+         'clip_fraction': mean(clipped.astype(jnp.float32)), 'tokens': tokens, 'sequences': sequences,
+         'sampled_tokens': generated.sum()}
   return loss, aux
 
 
@@ -475,7 +482,8 @@ def run(config, workdir: str) -> None:
                            clip_epsilon=settings.clip_epsilon, kl_beta=settings.kl_beta, normalize=settings.normalize)
   update_fn = step_lib.make_update_fn(
       loss, optimizer, step_lib.state_shardings_of(state), mesh=mesh,
-      learning_rate=optim.learning_rate_schedule(config, settings.updates_per_batch), grad_accum_steps=config.grad_accum_steps, denominator=settings.normalize,
-      updates_per_batch=settings.updates_per_batch)
+      learning_rate=optim.learning_rate_schedule(config, settings.updates_per_batch),
+      grad_accum_steps=config.grad_accum_steps, denominator=settings.normalize,
+      updates_per_batch=settings.updates_per_batch, aux_weights=AUX_WEIGHTS)
   loop.run_training(config, workdir, state=state, update_fn=update_fn, batches=prompt_batches, eval_fn=eval_fn,
                     model_config=model_config, prepare=prepare)

@@ -18,7 +18,7 @@ zero-gradient steps after it, and held-out NL2SQL fell from 4.2% to 0% (experime
 """
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -73,55 +73,61 @@ def process_rows(rows_sharding: jax.sharding.Sharding, global_rows: int) -> np.n
 
 
 def accumulate_gradients(loss_fn: LossFn, params: Any, batch: Batch, rng: jax.Array, *, grad_accum_steps: int,
-                         denominator: str) -> tuple[Any, dict[str, jax.Array]]:
+                         denominator: str, aux_weights: Mapping[str, str | None] | None = None
+                         ) -> tuple[Any, dict[str, jax.Array]]:
   """(grads, aux) of sum / denominator over the whole `batch`, in `grad_accum_steps` micro-batches.
 
-  aux entries are denominator-weighted means over micro-batches, except `aux[denominator]`, a sum.
+  aux entries come out as they would from the whole batch at once: a mean over the batch weighted by
+  aux[denominator], unless `aux_weights` (the stage's AUX_WEIGHTS) maps the entry to the aux entry counting
+  what it is a mean over (a metric of some rows only: DPO's rewards over preference rows), or to None for
+  a count, which is summed, as aux[denominator] is.
   """
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   if grad_accum_steps == 1:
     (_, aux), grads = grad_fn(params, batch, rng)
     return grads, aux
+  rules = {**(aux_weights or {}), denominator: None}
 
   def split(x):  # [B, ...] → [k, B / k, ...], micro-batch i = rows i::k
     if x.shape[0] % grad_accum_steps:
       raise ValueError(f'batch of {x.shape[0]} rows does not split into grad_accum_steps={grad_accum_steps}')
     return jnp.swapaxes(x.reshape(x.shape[0] // grad_accum_steps, grad_accum_steps, *x.shape[1:]), 0, 1)
 
-  def weighted(tree, weight):
-    return jax.tree.map(lambda x: x * weight, tree)
-
   def body(totals, inputs):
     micro_batch, index = inputs
     (_, aux), grads = grad_fn(params, micro_batch, jax.random.fold_in(rng, index))
     count = aux[denominator]
-    return jax.tree.map(jnp.add, totals, (weighted(grads, count), weighted(aux, count), count)), None
+    weights = {k: jnp.ones(()) if k in rules and rules[k] is None else aux[rules.get(k, denominator)] for k in aux}
+    weighted = {k: aux[k] * w for k, w in weights.items()}
+    return jax.tree.map(jnp.add, totals, (jax.tree.map(lambda g: g * count, grads), weighted, weights, count)), None
 
   micro_batches = jax.tree.map(split, batch)
   (_, first_aux), _ = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro_batches), rng)
-  zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), (params, first_aux))  # fp32 sums
+  zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), (params, first_aux, first_aux))  # fp32 sums
   totals = (*zeros, jnp.zeros((), jnp.float32))
-  (grads, aux, count), _ = jax.lax.scan(body, totals, (micro_batches, jnp.arange(grad_accum_steps)))
-  safe_count = jnp.maximum(count, 1.0)
-  grads = jax.tree.map(lambda g, p: (g / safe_count).astype(p.dtype), grads, params)
-  aux = {k: (count if k == denominator else v / safe_count).astype(first_aux[k].dtype) for k, v in aux.items()}
+  (grads, sums, weights, count), _ = jax.lax.scan(body, totals, (micro_batches, jnp.arange(grad_accum_steps)))
+  grads = jax.tree.map(lambda g, p: (g / jnp.maximum(count, 1.0)).astype(p.dtype), grads, params)
+  aux = {k: (v if k in rules and rules[k] is None else v / jnp.maximum(weights[k], 1e-30)).astype(first_aux[k].dtype)
+         for k, v in sums.items()}
   return grads, aux
 
 
 def make_update_fn(loss_fn: LossFn, optimizer: optax.GradientTransformation, state_shardings: TrainState, *,
                    mesh: jax.sharding.Mesh, learning_rate: optax.Schedule | None = None, grad_accum_steps: int = 1,
-                   denominator: str = 'tokens', updates_per_batch: int = 1) -> MeshFunction:
+                   denominator: str = 'tokens', updates_per_batch: int = 1,
+                   aux_weights: Mapping[str, str | None] | None = None) -> MeshFunction:
   """The jitted step: gradients (accumulated), optimizer update unless non-finite or all zero, metrics.
 
   `updates_per_batch` > 1 takes that many optimizer updates on the same batch within the step (PPO-style
   epochs; the loss should clip its ratio to the sampling policy); metrics are those of the first update,
-  plus `train/last_update_loss`. Metrics: `train/<aux key>` for every aux entry, `train/grad_norm`
+  plus `train/last_update_loss`. Metrics: `train/<aux key>` for every aux entry (combined over micro-batches
+  by `aux_weights`, see `accumulate_gradients`), `train/grad_norm`
   (before clipping), `train/skipped_updates`, and `train/learning_rate` if the schedule is given.
   The state argument is donated.
   """
   def one_update(params, opt_state, skipped, batch, rng):
     grads, aux = accumulate_gradients(loss_fn, params, batch, rng, grad_accum_steps=grad_accum_steps,
-                                      denominator=denominator)
+                                      denominator=denominator, aux_weights=aux_weights)
     updates, new_opt_state = optimizer.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
     grad_norm = optax.global_norm(grads)

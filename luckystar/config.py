@@ -72,9 +72,14 @@ def save(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> None
                       f'only {", ".join(RESUME_MAY_CHANGE)} may change. Use a new --workdir, or delete {path.parent} '
                       f'to start over')
   if jax.process_index() == 0:
-    tmp = path.with_name(path.name + '.tmp')
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_atomically(path, text)
+
+
+def write_atomically(path: pathlib.Path, text: str) -> None:
+  """`text` to `path` through a temporary file beside it: a crash leaves the old file or the new one, whole."""
+  tmp = path.with_name(path.name + '.tmp')
+  tmp.write_text(text, encoding='utf-8')
+  tmp.replace(path)
 
 
 def _flat(tree: dict, prefix: str = '') -> dict:

@@ -90,9 +90,8 @@ def run_stage(name: str, stage_config: ml_collections.ConfigDict, stage_dir: pat
   module.run(stage_config, str(stage_dir))
   wall_s = time.perf_counter() - start
   if jax.process_index() == 0:
-    tmp = done.with_suffix('.tmp')
-    tmp.write_text(json.dumps({'config': resolved, 'wall_s': wall_s}, indent=1, ensure_ascii=False))
-    tmp.replace(done)
+    config_lib.write_atomically(done, json.dumps({'config': resolved, 'wall_s': wall_s}, indent=1,
+                                                 ensure_ascii=False))
   return wall_s
 
 

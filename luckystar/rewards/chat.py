@@ -42,6 +42,6 @@ def is_correct(response: str, answer: str, *, prompt: str = '') -> bool:
     return bool(numbers) and numbers[-1].replace(',', '') == answer
   if not names(response, answer):
     return False
-  groups = [groups for groups in chat.ANSWERS.values() if any(answer in group for group in groups)]
-  others = {name for kind in groups for group in kind if answer not in group for name in group}
+  kinds = [groups for groups in chat.ANSWERS.values() if any(answer in group for group in groups)]
+  others = {name for groups in kinds for group in groups if answer not in group for name in group}
   return not any(names(response, other) and not names(prompt, other) for other in others)

@@ -436,13 +436,6 @@ def read_pairs(path: pathlib.Path) -> list[dict[str, Any]]:
   return pairs
 
 
-def _write_atomically(path: pathlib.Path, text: str) -> None:
-  if jax.process_index() == 0:
-    tmp = path.with_name(path.name + '.tmp')
-    tmp.write_text(text, encoding='utf-8')
-    tmp.replace(path)
-
-
 def load_or_build_pairs(config, workdir: pathlib.Path, model_config: model.ModelConfig, params: Any,
                         tokenizer: Tokenizer) -> list[dict[str, Any]]:
   """`config.dpo.pairs_file` if set; else the workdir's pairs if built under this config's fingerprint
@@ -473,9 +466,10 @@ def load_or_build_pairs(config, workdir: pathlib.Path, model_config: model.Model
         f'no DPO pair from {len(examples)} prompts × {config.dpo.samples_per_prompt} samples of '
         f'{config.init_from!r} ({summary["sampling"]}); sample more (config.dpo.pair_prompts, samples_per_prompt) '
         'or loosen config.dpo.verbose_min_ratio / verbose_min_extra')
-  _write_atomically(pairs_path, ''.join(json.dumps(p, ensure_ascii=False) + '\n' for p in pairs))
-  _write_atomically(summary_path, json.dumps({'fingerprint': pairs_fingerprint(config), **summary}, indent=1,
-                                             ensure_ascii=False) + '\n')
+  if jax.process_index() == 0:
+    config_lib.write_atomically(pairs_path, ''.join(json.dumps(p, ensure_ascii=False) + '\n' for p in pairs))
+    config_lib.write_atomically(summary_path, json.dumps({'fingerprint': pairs_fingerprint(config), **summary},
+                                                         indent=1, ensure_ascii=False) + '\n')
   logging.info('DPO pairs: built %d from %d prompts → %s: %s', len(pairs), len(examples), pairs_path,
                {k: v['pairs'] for k, v in summary['pairs'].items() if '/' not in k})
   return pairs

@@ -62,9 +62,7 @@ def _truncate_after(path: pathlib.Path, step: int) -> None:
   checkpoint is saved, so the row a crash cut short belongs to a step after every checkpoint."""
   if path.exists():
     kept = [line for line, row in _rows(path, drop_torn_last=True) if row['step'] <= step] if step >= 0 else []
-    tmp = path.with_name(path.name + '.tmp')
-    tmp.write_text(''.join(line + '\n' for line in kept))
-    tmp.replace(path)
+    config_lib.write_atomically(path, ''.join(line + '\n' for line in kept))
 
 
 def _scalar(value: Any) -> float | int:

@@ -229,12 +229,6 @@ def finished(workdir: pathlib.Path, settings: dict[str, Any]) -> bool:
   return True
 
 
-def _write_atomically(path: pathlib.Path, text: str) -> None:
-  tmp = path.with_name(path.name + '.tmp')
-  tmp.write_text(text, encoding='utf-8')
-  tmp.replace(path)
-
-
 def load_teacher(config) -> tuple[model.ModelConfig, Any]:
   """(model config, params) of `config.init_from`; 'random:<size>' initialises from `config.seed`
   (an untrained teacher: for smoke tests only)."""
@@ -279,9 +273,10 @@ def run(config, workdir: str) -> None:
                        'sample_index': index, 'teacher': config.init_from, 'mode': MODE, 'tokens': tokens,
                        'loss_mask': mask})
   stats = {'settings': settings_of(config), 'groups': summarize(results), 'seconds': round(time.time() - started, 1)}
-  _write_atomically(workdir / TRACES_FILE, ''.join(json.dumps(t, ensure_ascii=False) + '\n' for t in traces))
-  _write_atomically(workdir / REPORT_FILE, report(stats))
-  _write_atomically(workdir / STATS_FILE, json.dumps(stats, indent=1, ensure_ascii=False) + '\n')
+  config_lib.write_atomically(workdir / TRACES_FILE,
+                              ''.join(json.dumps(t, ensure_ascii=False) + '\n' for t in traces))
+  config_lib.write_atomically(workdir / REPORT_FILE, report(stats))
+  config_lib.write_atomically(workdir / STATS_FILE, json.dumps(stats, indent=1, ensure_ascii=False) + '\n')
   overall = stats['groups']['all']
   logging.info('rejection sampling: kept %d traces for %d of %d prompts (pass@1 %.3f, pass@%d %.3f; %d dropped by '
                'the Korean language filter) → %s', overall['kept_traces'], overall['prompts_with_kept_trace'],

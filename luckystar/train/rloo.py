@@ -304,9 +304,7 @@ def select_prompts(config, workdir: pathlib.Path, model_config: model.ModelConfi
              for task, lang in sorted({(e.task, e.language) for e in candidates})}
   record = {'fingerprint': _fingerprint(config), 'pass_rates': rates, 'kept': kept, 'summary': summary}
   if jax.process_index() == 0:
-    tmp = path.with_suffix('.tmp')
-    tmp.write_text(json.dumps(record, indent=1, ensure_ascii=False))
-    tmp.replace(path)
+    config_lib.write_atomically(path, json.dumps(record, indent=1, ensure_ascii=False))
   logging.info('prompt selection: kept %d of %d prompts with pass rate in [%g, %g]: %s', len(kept), len(candidates),
                low, high, summary)
   if not kept:

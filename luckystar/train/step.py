@@ -87,6 +87,7 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, batch: Batch, rng: jax.Ar
     (_, aux), grads = grad_fn(params, batch, rng)
     return grads, aux
   rules = {**(aux_weights or {}), denominator: None}
+  summed = {k for k, rule in rules.items() if rule is None}   # counts; the rest are weighted means
 
   def split(x):  # [B, ...] → [k, B / k, ...], micro-batch i = rows i::k
     if x.shape[0] % grad_accum_steps:
@@ -97,7 +98,7 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, batch: Batch, rng: jax.Ar
     micro_batch, index = inputs
     (_, aux), grads = grad_fn(params, micro_batch, jax.random.fold_in(rng, index))
     count = aux[denominator]
-    weights = {k: jnp.ones(()) if k in rules and rules[k] is None else aux[rules.get(k, denominator)] for k in aux}
+    weights = {k: jnp.ones(()) if k in summed else aux[rules.get(k, denominator)] for k in aux}
     weighted = {k: aux[k] * w for k, w in weights.items()}
     return jax.tree.map(jnp.add, totals, (jax.tree.map(lambda g: g * count, grads), weighted, weights, count)), None
 
@@ -107,7 +108,7 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, batch: Batch, rng: jax.Ar
   totals = (*zeros, jnp.zeros((), jnp.float32))
   (grads, sums, weights, count), _ = jax.lax.scan(body, totals, (micro_batches, jnp.arange(grad_accum_steps)))
   grads = jax.tree.map(lambda g, p: (g / jnp.maximum(count, 1.0)).astype(p.dtype), grads, params)
-  aux = {k: (v if k in rules and rules[k] is None else v / jnp.maximum(weights[k], 1e-30)).astype(first_aux[k].dtype)
+  aux = {k: (v if k in summed else v / jnp.maximum(weights[k], 1e-30)).astype(first_aux[k].dtype)
          for k, v in sums.items()}
   return grads, aux
 

@@ -63,7 +63,7 @@ def get_config(arg=None):
   config.checkpoint_every = 40
   config.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=128))
   config.dpo = ml_collections.ConfigDict(dict(
-      # The loss (luckystar.train.dpo docstring).
+      # The loss (luckystar.stages.dpo docstring).
       loss_type='sigmoid',               # or 'robust' (rDPO), 'ipo'
       beta=0.1,
       label_smoothing=0.0,               # ε: cDPO for 'sigmoid', rDPO's flip rate for 'robust'
@@ -88,7 +88,7 @@ def get_config(arg=None):
       sampling_batch=128,                # rollouts per sampling call
       reference_batch_size=16,           # pairs per reference log-prob batch
       length_multiple=32,                # batches are padded to a multiple of this many tokens
-      # Held-out eval (luckystar.evals.core.Settings): greedy, both modes, correctness and response length.
+      # Held-out eval (luckystar.engine.evals.Settings): greedy, both modes, correctness and response length.
       task_eval=ml_collections.ConfigDict(dict(tasks=('korean_mc', 'chat', 'math'), modes=('concise', 'reasoning'),
                                                per_task_language=128, max_new_tokens=160, batch_size=128)),
   ))

@@ -27,7 +27,7 @@ def get_config(arg=None):
   config.quantize.export = True         # write DIR/hf_int4
   config.quantize.seq_len = 512
   config.quantize.eval_examples_per_source = 32   # held-out SFT conversations per mode for eval/loss
-  # Held-out task correctness (luckystar.evals.core.Settings), float vs int4; 0 = skip (it is the slow part).
+  # Held-out task correctness (luckystar.engine.evals.Settings), float vs int4; 0 = skip (it is the slow part).
   config.quantize.task_eval = ml_collections.ConfigDict(dict(per_task_language=0, max_new_tokens=160,
                                                              batch_size=40))
 

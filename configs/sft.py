@@ -56,7 +56,7 @@ def get_config(arg=None):
   config.sft.thinking_language = 'en'   # 'ko': Korean prompts think in Korean (the paper's Table 1 ablation)
   config.sft.chat_tool_fraction = 0.3   # reasoning chat arithmetic that calls the calculator (the rest answers)
   config.sft.copy_drill = 'quoted'       # the `copy` source's drill (conversations.COPY_DRILLS): 'quoted', 'plain', 'named'
-  # Held-out task correctness (luckystar.evals.core.Settings): greedy, both modes, per task and language.
+  # Held-out task correctness (luckystar.engine.evals.Settings): greedy, both modes, per task and language.
   config.sft.task_eval = ml_collections.ConfigDict(dict(per_task_language=8, max_new_tokens=160, batch_size=40))
 
   if arg == 'base':  # `tiny-base`, from random init: concise chat, Korean MC, math answers, plain text

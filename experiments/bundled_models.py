@@ -23,7 +23,7 @@ import time
 
 import luckystar
 from luckystar import api
-from luckystar.evals import core as evals_core
+from luckystar.engine import evals
 from luckystar.interop import hf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -34,7 +34,7 @@ REPORT = ROOT / 'experiments' / 'bundled_models.md'
 CARD_FILE = 'luckystar.json'  # provenance and held-out results, beside the weights
 RECIPES = {'tiny-base': 'configs/sft.py:base', 'tiny-sft': 'configs/sft.py', 'tiny-rlvr': 'configs/rlvr.py'}
 # ≥ 100 held-out prompts per language across the tasks that answer in text (acceptance of the SFT issue).
-EVAL = evals_core.Settings(per_task_language=100, max_new_tokens=192, batch_size=64)
+EVAL = evals.Settings(per_task_language=100, max_new_tokens=192, batch_size=64)
 CHANCE = {'korean_mc': '10% (1 of 10)', 'chat': '≈ 0 (free-form)', 'math': '≈ 0', 'nl2sql': '≈ 0',
           'function_calling': '≈ 0'}
 
@@ -73,7 +73,7 @@ def _last_metrics(workdir: pathlib.Path) -> dict:
 def evaluate(name: str) -> dict:
   model = luckystar.load(name)
   start = time.time()
-  metrics = evals_core.evaluate(model.config, model.params, model.tokenizer, EVAL)
+  metrics = evals.evaluate(model.config, model.params, model.tokenizer, EVAL)
   print(f'{name}: evaluated in {time.time() - start:.0f} s', flush=True)
   card_file = api.BUNDLED_DIR / name / CARD_FILE
   card = json.loads(card_file.read_text())
@@ -95,7 +95,7 @@ def report() -> str:
     card_file = api.BUNDLED_DIR / name / CARD_FILE
     if card_file.is_file() and 'heldout' in json.loads(card_file.read_text()):
       results[name] = json.loads(card_file.read_text())['heldout']['metrics']
-  columns = [(name, mode) for name in results for mode in evals_core.MODES]
+  columns = [(name, mode) for name in results for mode in evals.MODES]
   lines = ['| task | language | chance | ' + ' | '.join(f'{n} {m}' for n, m in columns) + ' |',
            '|---|---|---|' + '---|' * len(columns)]
   keys = sorted({key.removeprefix('eval/reasoning/correctness/') for metrics in results.values()

@@ -27,11 +27,11 @@ import jax
 import ml_collections
 
 import luckystar
-from luckystar import config as config_lib
+from luckystar import errors
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data.examples import Example
-from luckystar.evals import core
-from luckystar.train import rloo
+from luckystar.engine import evals as core
+from luckystar.stages import rlvr as rloo
 
 ARM = 'nl2sql_from_sft'
 
@@ -116,5 +116,5 @@ def main() -> None:
 if __name__ == '__main__':
   try:
     main()
-  except config_lib.UserError as error:
+  except errors.UserError as error:
     raise SystemExit(f'error: {error}') from None

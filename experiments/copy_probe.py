@@ -34,7 +34,8 @@ from luckystar import model
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations
 from luckystar.data import suites
-from luckystar.train import sft
+from luckystar.engine import logprobs
+from luckystar.stages import sft
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 REPORT = ROOT / 'experiments' / 'copy_probe.md'
@@ -98,7 +99,7 @@ def main() -> None:
 
   @jax.jit
   def update(params, opt_state, rows):
-    grads, aux = jax.grad(lambda p: sft.loss_fn(p, rows, None, model_config=config), has_aux=True)(params)
+    grads, aux = jax.grad(lambda p: logprobs.token_cross_entropy(p, rows, None, model_config=config), has_aux=True)(params)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, aux['loss']
 

@@ -23,7 +23,7 @@ import json
 import pathlib
 import sys
 
-from luckystar.evals import core as evals_core
+from luckystar.engine import evals
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import sweep  # noqa: E402  (experiments/sweep.py)
@@ -71,8 +71,8 @@ def report(workdir: pathlib.Path, overrides: list[str], seconds: float) -> str:
     return out
 
   # The concise claim over the concise-style prompts (the pair tasks), pooled by held-out prompt count.
-  settings = evals_core.Settings.from_config(config['dpo']['task_eval'])
-  counts = {task: sum(e.task == task for e in evals_core.select(settings)) for task in tasks}
+  settings = evals.Settings.from_config(config['dpo']['task_eval'])
+  counts = {task: sum(e.task == task for e in evals.select(settings)) for task in tasks}
   style = [task for task in config['dpo']['tasks'] if task in counts]
 
   def pooled(row, name):

@@ -9,7 +9,7 @@ The float model is `luckystar.load(--model)` in fp32; each int4 variant is `Mode
 (CONVERT, scales rounded to bf16, then SERVE from the int values). Every variant gets the same held-out
 figures: perplexity of the held-out SFT conversations of both modes (exp of the mean token NLL on assistant
 tokens, `quant.run.heldout_metrics`), and greedy held-out correctness per task and language in both modes
-(`luckystar.evals.core.evaluate`). Writes `experiments/quantization_quality.md` (the table the README
+(`luckystar.engine.evals.evaluate`). Writes `experiments/quantization_quality.md` (the table the README
 quotes) and prints it. About 10 minutes on 2 CPU cores for tiny-sft at 64 prompts per task × language.
 """
 
@@ -20,9 +20,9 @@ import time
 
 import luckystar
 from luckystar.data import conversations
-from luckystar.evals import core as evals_core
-from luckystar.quant import run as quant_run
-from luckystar.train import sft
+from luckystar.engine import evals
+from luckystar.stages import quantize as quant_run
+from luckystar.stages import sft
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 REPORT = ROOT / 'experiments' / 'quantization_quality.md'
@@ -31,14 +31,14 @@ HELDOUT_CONVERSATIONS = 64   # per mode, for perplexity
 SEQ_LEN = 512
 
 
-def measure(model, batches, settings: evals_core.Settings) -> dict[str, float]:
+def measure(model, batches, settings: evals.Settings) -> dict[str, float]:
   metrics = quant_run.heldout_metrics(model.config, model.params, batches)
   metrics['eval/perplexity'] = math.exp(metrics['eval/loss'])
-  metrics.update(evals_core.evaluate(model.config, model.params, model.tokenizer, settings))
+  metrics.update(evals.evaluate(model.config, model.params, model.tokenizer, settings))
   return metrics
 
 
-def table(name: str, results: dict[str, dict[str, float]], settings: evals_core.Settings) -> str:
+def table(name: str, results: dict[str, dict[str, float]], settings: evals.Settings) -> str:
   labels = list(results)
   lines = [f'`{name}`, held-out split; correctness (%) is greedy on the first {settings.per_task_language} '
            'prompts per task and language; perplexity over the assistant tokens of '
@@ -69,9 +69,9 @@ def main():
 
   float_model = luckystar.load(args.model)
   heldout, _ = conversations.sft_sources(float_model.tokenizer, split='heldout')
-  batches = sft.heldout_batches(sft.eval_subset(heldout, HELDOUT_CONVERSATIONS, seed=0), seq_len=SEQ_LEN,
+  batches = evals.heldout_batches(evals.eval_subset(heldout, HELDOUT_CONVERSATIONS, seed=0), seq_len=SEQ_LEN,
                                 batch_size=8)
-  settings = evals_core.Settings(per_task_language=args.per_task_language, max_new_tokens=192, batch_size=64)
+  settings = evals.Settings(per_task_language=args.per_task_language, max_new_tokens=192, batch_size=64)
   results = {}
   for label, group_size in VARIANTS:
     model = float_model if group_size is None else float_model.quantize(group_size=group_size)

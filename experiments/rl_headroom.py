@@ -26,8 +26,8 @@ import numpy as np
 
 from luckystar import api
 from luckystar import config as config_lib
-from luckystar.evals import core as evals_core
-from luckystar.train import rloo
+from luckystar.engine import evals
+from luckystar.stages import rlvr as rloo
 
 REPORT = pathlib.Path(__file__).resolve().parent / 'rl_headroom.md'
 
@@ -44,7 +44,7 @@ def heldout_set(config, workdir: pathlib.Path, start: api.Model) -> list:
 
 def measure(config, model: api.Model, examples: list, samples: int, seed: int) -> dict[str, tuple[bool, float]]:
   """example id → (greedy correct, pass rate over `samples` draws at `config.sampling`)."""
-  greedy = evals_core.run_examples(model.config, model.params, model.tokenizer, examples, 'reasoning',
+  greedy = evals.run_examples(model.config, model.params, model.tokenizer, examples, 'reasoning',
                                    dataclasses.replace(rloo.eval_settings(config), seed=seed))
   rates = rloo.pass_rates(config, model.config, model.params, model.tokenizer, examples, samples,
                           jax.random.key(seed))

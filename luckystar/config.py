@@ -5,47 +5,22 @@ import importlib.util
 import json
 import pathlib
 
+import jax
 import ml_collections
 
-class UserError(Exception):
-  """Bad input from the user (a config value, a data file, a checkpoint): main prints it without a
-  traceback. The message must name the key, file:line or path, and say what to do."""
+from luckystar import errors
+from luckystar.engine import checkpoint
 
-
-# stage → module with `run(config, workdir)`.
-STAGE_MODULES = {
-    'sft': 'luckystar.train.sft',
-    'rejection_sampling': 'luckystar.train.rejection_sampling',
-    'rlvr': 'luckystar.train.rloo',
-    'dpo': 'luckystar.train.dpo',
-    'quantize': 'luckystar.quant.run',
-    'export': 'luckystar.interop.export',
-    'eval': 'luckystar.evals.run',
-    'pipeline': 'luckystar.reproduce',
-}
-STAGES = tuple(STAGE_MODULES)
-
-
-class StageNotBuiltError(RuntimeError):
-  """A stage the registry names whose module (or its run()) does not exist yet."""
+# config.stage → luckystar/stages/<stage>.py with `run(config, workdir)`, imported by name when it runs (main,
+# the pipeline stage), so that no stage imports another.
+STAGES = ('sft', 'rejection_sampling', 'rlvr', 'dpo', 'quantize', 'eval', 'pipeline')
 
 
 def stage_module(stage: str):
-  """The module that runs `stage`; a clear error for unknown or not-yet-built stages."""
-  if stage not in STAGE_MODULES:
-    raise ValueError(f'config.stage={stage!r} is not a stage; expected one of {sorted(STAGE_MODULES)}')
-  name = STAGE_MODULES[stage]
-  try:
-    module = importlib.import_module(name)
-  except ModuleNotFoundError as e:
-    if e.name is None or not name.startswith(e.name):
-      raise  # a missing dependency inside the stage, not a missing stage
-    raise StageNotBuiltError(f'stage {stage!r} is not built yet in this version of luckystar '
-                             f'(its module {name} does not exist); nothing was run') from None
-  if not hasattr(module, 'run'):  # the method's math may land before the stage's driver
-    raise StageNotBuiltError(f'stage {stage!r} is not built yet in this version of luckystar '
-                             f'({name} has no run()); nothing was run')
-  return module
+  """The module that runs `stage`."""
+  if stage not in STAGES:
+    raise errors.UserError(f'config.stage={stage!r} is not a stage; expected one of {STAGES}')
+  return importlib.import_module(f'luckystar.stages.{stage}')
 
 
 # What a re-run on a workdir with checkpoints may change and still resume: how long the run goes, how often it
@@ -59,15 +34,13 @@ def save(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> None
   """workdir/config.json: the config a stage runs with (main and the pipeline call this on every process;
   process 0 writes it, atomically). Over a run that has checkpoints, a config that differs from the saved one
   outside RESUME_MAY_CHANGE is a UserError naming the keys, on every process, and the saved config stays."""
-  import jax
-  from luckystar.train import checkpoint  # here: it imports this module
   path = pathlib.Path(workdir) / 'config.json'
   text = config.to_json_best_effort(indent=2) + '\n'
   if path.is_file() and checkpoint.latest_step(workdir) is not None:
     saved, new = _flat(json.loads(path.read_text())), _flat(json.loads(text))
     if differ := sorted(key for key in saved.keys() | new.keys() if saved.get(key, '<absent>') != new.get(
         key, '<absent>') and key.split('.')[0] not in RESUME_MAY_CHANGE):
-      raise UserError(f'{workdir} holds checkpoints of a run with another config ({", ".join(differ[:6])} differ: '
+      raise errors.UserError(f'{workdir} holds checkpoints of a run with another config ({", ".join(differ[:6])} differ: '
                       f'{ {key: saved.get(key, "<absent>") for key in differ[:6]} } there); a re-run resumes it, so '
                       f'only {", ".join(RESUME_MAY_CHANGE)} may change. Use a new --workdir, or delete {path.parent} '
                       f'to start over')
@@ -103,7 +76,7 @@ def base(stage: str) -> ml_collections.ConfigDict:
   config.total_steps = 100
   config.batch_size = 8
   config.learning_rate = 1e-5
-  # Optimizer (AdamW, linear warmup then cosine to 0 at total_steps; luckystar.train.optim).
+  # Optimizer (AdamW, linear warmup then cosine to 0 at total_steps; luckystar.engine.optim).
   config.warmup_steps = 0
   config.weight_decay = 0.0
   config.b1 = 0.9

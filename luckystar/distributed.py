@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import jax
 
-from luckystar import config as config_lib
+from luckystar import errors
 
 INITIALIZE = ('auto', 'always', 'never')
 
@@ -37,7 +37,7 @@ def maybe_initialize(settings: Any) -> bool:
   """Calls `jax.distributed.initialize` as `config.distributed` says; True if it did. Must run before
   anything touches a device (the first `jax.devices()` fixes the process's view of the world)."""
   if settings.initialize not in INITIALIZE:
-    raise config_lib.UserError(f'config.distributed.initialize={settings.initialize!r}; expected one of {INITIALIZE}')
+    raise errors.UserError(f'config.distributed.initialize={settings.initialize!r}; expected one of {INITIALIZE}')
   if settings.initialize == 'never' or (settings.initialize == 'auto' and not launched_multiprocess()):
     return False
   jax.distributed.initialize(

@@ -16,6 +16,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from luckystar import config as config_lib
+from luckystar import errors
 from luckystar import distributed
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -31,13 +32,13 @@ def main(argv):
   try:
     module = config_lib.stage_module(config.stage)  # the first access also loads the config file
     distributed.maybe_initialize(config.distributed)  # before any device is touched
-  except (config_lib.StageNotBuiltError, ValueError, OSError, config_lib.UserError) as e:
+  except (ValueError, OSError, errors.UserError) as e:
     raise SystemExit(f'error: {e}') from None
   workdir.mkdir(parents=True, exist_ok=True)
   try:
     config_lib.save(config, workdir)
     module.run(config, str(workdir))
-  except (FileNotFoundError, config_lib.UserError) as e:  # a bad init_from, checkpoint or data file
+  except (FileNotFoundError, errors.UserError) as e:  # a bad init_from, checkpoint or data file
     raise SystemExit(f'error: {e}') from None
 
 

@@ -34,9 +34,9 @@ import numpy as np
 from luckystar import model as model_lib
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.model.cohere2 import constrain
-from luckystar.rewards import function_call
 from luckystar.tools import CALCULATOR_TOOL, SQL_TOOL
 from luckystar.tools import calculator
+from luckystar.tools.calls import parse_calls
 from luckystar.tools import sql as sql_tool
 
 Array = jax.Array
@@ -396,7 +396,7 @@ def agent_tools(db_paths: Sequence[str | None], *, timeout_s: float = 2.0, max_c
   parameters gets an `ERROR: ...` result, as a failing query does, so the agent can retry.
   """
   def run(row: int, action_text: str) -> str | None:
-    calls = function_call.parse_calls(action_text)
+    calls = parse_calls(action_text)
     db_path = db_paths[row]
     if calls is None or any(call['tool_name'] not in (SQL_TOOL, CALCULATOR_TOOL) or
                             (call['tool_name'] == SQL_TOOL and db_path is None) for call in calls):

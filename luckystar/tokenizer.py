@@ -5,12 +5,11 @@ assistant generates, 0 elsewhere). Special tokens are sentencepiece *control*
 symbols: they are never produced from text, so a user who types
 "<|END_OF_TURN|>" gets ordinary text tokens, not a turn boundary.
 
-Retrain the bundled model (deterministic, ~1 min):
+Retrain the bundled model (deterministic, ~1 min; the corpus is the task suites, `luckystar.data.corpus`):
 
-    python -m luckystar.tokenizer --output=luckystar/assets/tokenizer.model
+    python -m luckystar.data.corpus --output=luckystar/assets/tokenizer.model
 """
 
-import argparse
 import dataclasses
 import io
 import pathlib
@@ -58,7 +57,7 @@ class Tokenizer:
     self.model_proto = model_proto
     missing = [t for t in SPECIAL_TOKENS if self.sp.piece_to_id(t) == self.sp.unk_id()]
     if missing:
-      raise ValueError(f'tokenizer lacks special tokens {missing}; retrain it with `python -m luckystar.tokenizer`')
+      raise ValueError(f'tokenizer lacks special tokens {missing}; retrain it with `python -m luckystar.data.corpus`')
     self.special_ids = {t: self.sp.piece_to_id(t) for t in SPECIAL_TOKENS}
     self._section_by_start = {self.special_ids[s]: name for name, (s, _) in SECTION_TOKENS.items()}
     self._section_end = {name: self.special_ids[e] for name, (_, e) in SECTION_TOKENS.items()}
@@ -67,7 +66,7 @@ class Tokenizer:
   def from_file(cls, path: str | pathlib.Path = DEFAULT_PATH) -> 'Tokenizer':
     path = pathlib.Path(path)
     if not path.is_file():
-      raise FileNotFoundError(f'{path}: no tokenizer model; build it with `python -m luckystar.tokenizer`')
+      raise FileNotFoundError(f'{path}: no tokenizer model; build it with `python -m luckystar.data.corpus`')
     return cls(path.read_bytes())
 
   @property
@@ -182,19 +181,3 @@ def train(lines: Iterable[str], vocab_size: int = VOCAB_SIZE) -> bytes:
       pad_id=0, unk_id=1, bos_id=2, eos_id=3, pad_piece=PAD, unk_piece=UNK, bos_piece=BOS, eos_piece=EOS,
       num_threads=1, minloglevel=2)
   return model.getvalue()
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-  from luckystar.data import corpus  # only needed to retrain
-  parser = argparse.ArgumentParser(description='Train the bundled bilingual tokenizer.')
-  parser.add_argument('--output', default=str(DEFAULT_PATH))
-  parser.add_argument('--vocab_size', type=int, default=VOCAB_SIZE)
-  parser.add_argument('--seed', type=int, default=0)
-  args = parser.parse_args(argv)
-  proto = train(corpus.tokenizer_corpus(args.seed), args.vocab_size)
-  pathlib.Path(args.output).write_bytes(proto)
-  print(f'wrote {args.output}: {Tokenizer(proto).vocab_size} pieces')
-
-
-if __name__ == '__main__':
-  main()

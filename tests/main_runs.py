@@ -7,9 +7,9 @@ import signal
 import subprocess
 import sys
 
-from luckystar.train import checkpoint
-from luckystar.train import loop
-from luckystar.train import metrics
+from luckystar.engine import checkpoint
+from luckystar.engine import loop
+from luckystar.engine import metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from luckystar import config as config_lib
+from luckystar import errors
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations, korean_mc, nl2sql, suites
 from luckystar.rewards import language, reward
-from luckystar.train import sft
+from luckystar.stages import sft
 
 TASKS = ('math', 'function_calling', 'korean_mc', 'chat', 'nl2sql')
 
@@ -163,7 +164,7 @@ def test_the_copy_drill_is_rendered_only_when_the_mixture_weighs_it(tok, monkeyp
 def test_chat_tool_fraction_outside_zero_one_is_a_config_error(tok, data):
   config = config_lib.from_file('configs/sft.py')
   config.sft.data, config.sft.chat_tool_fraction = data, 1.5
-  with pytest.raises(config_lib.UserError, match='config.sft.chat_tool_fraction=1.5'):
+  with pytest.raises(errors.UserError, match='config.sft.chat_tool_fraction=1.5'):
     sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)
 
 

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from luckystar import config as config_lib
+from luckystar import errors
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations, nl2sql
 
@@ -64,7 +64,7 @@ def test_the_quoted_drill_spells_words_as_nl2sql_and_never_copies_a_student_valu
   assert forms == {0, 1} and len(set(words)) > 390 and not student & set(words)
   made_up = lambda w: set(w) <= set(conversations.HANGUL_SYLLABLES) or w.isascii() and w.isalpha()
   assert 150 < sum(not made_up(w) for w in words) < 250   # people and companies: not made of the drill's syllables
-  with pytest.raises(config_lib.UserError, match="config.sft.copy_drill='fancy'"):
+  with pytest.raises(errors.UserError, match="config.sft.copy_drill='fancy'"):
     conversations.copy_sources(tokenizer, count=1, drill='fancy')
 
 

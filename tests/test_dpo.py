@@ -13,13 +13,15 @@ import pytest
 
 import main_runs
 from luckystar import config as config_lib
+from luckystar import errors
 from luckystar import model
 from luckystar import sampling
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import suites
 from luckystar.model import sharding
 from luckystar.rewards.reward import Verdict
-from luckystar.train import dpo, metrics, rollouts
+from luckystar.stages import dpo
+from luckystar.engine import metrics, rollouts
 from test_sft import MICRO, host_params
 
 SMOKE = 'configs/dpo.py:smoke'
@@ -262,7 +264,7 @@ def test_an_unverifiable_reference_reply_is_not_chosen():
   wrong = dataclasses.replace(example, response='The answer is 1234567.')
   assert dpo.chosen_reply(tokenizer, wrong, 'concise', 'reference') is None
   assert dpo.chosen_reply(tokenizer, wrong, 'concise', 'direct')['text'] == dpo.direct_response(example)
-  with pytest.raises(config_lib.UserError, match='config.dpo.chosen'):
+  with pytest.raises(errors.UserError, match='config.dpo.chosen'):
     dpo.chosen_reply(tokenizer, example, 'concise', 'shortest')
 
 
@@ -294,7 +296,7 @@ def test_the_with_math_variant_adds_math_pairs_and_changes_nothing_else():
 
 
 def test_a_task_without_a_direct_answer_is_a_clear_error():
-  with pytest.raises(config_lib.UserError, match="task 'nl2sql'"):
+  with pytest.raises(errors.UserError, match="task 'nl2sql'"):
     dpo.direct_response(suites.load('nl2sql', 'train')[0])
 
 
@@ -302,7 +304,7 @@ def test_a_malformed_pair_file_names_its_line(tmp_path):
   path = tmp_path / 'pairs.jsonl'
   good = _pair([2, 5], [2, 6], [0, 1], [0, 1])
   path.write_text(json.dumps(good) + '\n' + json.dumps({**good, 'rejected_loss_mask': [0, 0]}) + '\n')
-  with pytest.raises(config_lib.UserError, match=r'pairs.jsonl:2: not a DPO pair'):
+  with pytest.raises(errors.UserError, match=r'pairs.jsonl:2: not a DPO pair'):
     dpo.read_pairs(path)
 
 
@@ -392,12 +394,12 @@ def test_rerun_resumes_and_reuses_pairs_and_reference(runs):
 def test_changed_pair_settings_are_a_clear_error(runs):
   config = _config('smoke')
   config.dpo.samples_per_prompt = 3
-  with pytest.raises(config_lib.UserError, match='samples_per_prompt'):
+  with pytest.raises(errors.UserError, match='samples_per_prompt'):
     dpo.load_or_build_pairs(config, runs['workdir'], None, None, None)
 
 
 def test_pairs_built_with_another_direct_answer_format_are_stale(runs, monkeypatch):
   # A pair file from before the Korean MC chosen reply kept its option text must not be reused silently.
   monkeypatch.setattr(dpo, 'DIRECT_FORMAT', dpo.DIRECT_FORMAT - 1)
-  with pytest.raises(config_lib.UserError, match='direct_format'):
+  with pytest.raises(errors.UserError, match='direct_format'):
     dpo.load_or_build_pairs(_config('smoke'), runs['workdir'], None, None, None)

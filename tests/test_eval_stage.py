@@ -8,8 +8,8 @@ import pytest
 
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import bfcl, champ
-from luckystar.evals import instruction_following
-from luckystar.evals import run as eval_run
+from luckystar.data import instruction_following
+from luckystar.stages import eval as eval_run
 from luckystar.rewards import function_call
 
 START_ACTION, END_ACTION = tokenizer_lib.SECTION_TOKENS['action']

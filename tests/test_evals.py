@@ -6,7 +6,7 @@ import jax
 import numpy as np
 
 from luckystar import model, tokenizer as tokenizer_lib
-from luckystar.evals import core
+from luckystar.engine import evals as core
 
 
 def test_evaluate_reports_every_metric_for_a_random_model():
@@ -76,7 +76,7 @@ def test_korean_mismatch_rate_reads_responses_as_the_verdict_does():
   """A Korean prompt answered only with values copied from the tool has no language: it leaves the
   denominator, as it leaves the penalty."""
   from luckystar.data.examples import Example
-  from luckystar.evals import run
+  from luckystar.stages import eval as run
   from luckystar.rewards import reward
   from luckystar.tokenizer import AssistantTurn
   example = Example(id='q', task='chat', language='ko', split='heldout', prompt='가장 많이 팔린 제품 두 개는 무엇인가요?',

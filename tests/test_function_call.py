@@ -11,6 +11,7 @@ import pytest
 
 from luckystar.data import bfcl
 from luckystar.rewards import function_call as fc
+from luckystar.tools import calls as tool_calls
 
 # bfcl-eval==2026.3.23 (pinned in the CI install); a changed count means lost or extra examples.
 EXPECTED_COUNTS = {'simple_python': 400, 'multiple': 200, 'parallel': 200, 'parallel_multiple': 200}
@@ -224,12 +225,12 @@ def test_gold_call_takes_first_values_and_leaves_optional_out():
 
 def test_parse_calls_accepts_one_call_or_a_list():
   one = {'tool_name': 'math.factorial', 'parameters': {'number': 5}}
-  assert fc.parse_calls(json.dumps(one)) == [one]
-  assert fc.parse_calls(f'  \n{json.dumps(one)}\n') == [one]
-  assert fc.parse_calls(json.dumps([one, one])) == [one, one]
-  assert fc.parse_calls('{"tool_name": "f", "parameters": {}}') == [{'tool_name': 'f', 'parameters': {}}]
+  assert tool_calls.parse_calls(json.dumps(one)) == [one]
+  assert tool_calls.parse_calls(f'  \n{json.dumps(one)}\n') == [one]
+  assert tool_calls.parse_calls(json.dumps([one, one])) == [one, one]
+  assert tool_calls.parse_calls('{"tool_name": "f", "parameters": {}}') == [{'tool_name': 'f', 'parameters': {}}]
   brackets_in_strings = {'tool_name': 'f', 'parameters': {'q': '[{' * 200}}  # not nesting
-  assert fc.parse_calls(json.dumps(brackets_in_strings)) == [brackets_in_strings]
+  assert tool_calls.parse_calls(json.dumps(brackets_in_strings)) == [brackets_in_strings]
 
 
 @pytest.mark.parametrize('text', [
@@ -249,22 +250,22 @@ def test_parse_calls_accepts_one_call_or_a_list():
     '{"tool_name": "f", "parameters": {"x": Infinity}}',
 ])
 def test_parse_calls_rejects_wrong_format(text):
-  assert fc.parse_calls(text) is None
+  assert tool_calls.parse_calls(text) is None
 
 
 def test_parse_calls_bounds_size_and_depth():
   def padded(chars):
     return json.dumps({'tool_name': 'f', 'parameters': {'q': 'x' * chars}})
-  assert fc.parse_calls(padded(fc.MAX_ACTION_CHARS - 100)) is not None
-  assert fc.parse_calls(padded(fc.MAX_ACTION_CHARS)) is None
-  assert fc.parse_calls(padded(10 * fc.MAX_ACTION_CHARS)) is None
+  assert tool_calls.parse_calls(padded(tool_calls.MAX_ACTION_CHARS - 100)) is not None
+  assert tool_calls.parse_calls(padded(tool_calls.MAX_ACTION_CHARS)) is None
+  assert tool_calls.parse_calls(padded(10 * tool_calls.MAX_ACTION_CHARS)) is None
 
   def nested(depth):
     return '{"tool_name": "f", "parameters": {"x": ' + '[' * depth + ']' * depth + '}}'
-  assert fc.parse_calls(nested(fc.MAX_DEPTH - 2)) is not None
-  assert fc.parse_calls(nested(fc.MAX_DEPTH)) is None
-  assert fc.parse_calls(nested(40_000)) is None          # would exhaust json's recursion
-  assert fc.parse_calls('[' * (fc.MAX_ACTION_CHARS - 1)) is None
+  assert tool_calls.parse_calls(nested(tool_calls.MAX_DEPTH - 2)) is not None
+  assert tool_calls.parse_calls(nested(tool_calls.MAX_DEPTH)) is None
+  assert tool_calls.parse_calls(nested(40_000)) is None          # would exhaust json's recursion
+  assert tool_calls.parse_calls('[' * (tool_calls.MAX_ACTION_CHARS - 1)) is None
 
 
 # ---- loading ---------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from luckystar import config as config_lib
+from luckystar import errors
 from luckystar import main as main_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -31,15 +32,12 @@ def test_unknown_nested_config_key_is_named(tmp_path):
   assert result.returncode != 0 and 'samples_per_promt' in result.stderr
 
 
-def test_a_stage_not_built_yet_says_so_and_runs_nothing(tmp_path, monkeypatch):
-  """A stage whose module is missing (or has no run()) stops with a clear message, never pretends."""
-  monkeypatch.setitem(config_lib.STAGE_MODULES, 'dpo', 'luckystar.train.no_such_stage')
-  with pytest.raises(config_lib.StageNotBuiltError, match="stage 'dpo' is not built yet"):
-    config_lib.stage_module('dpo')
-  monkeypatch.setitem(config_lib.STAGE_MODULES, 'dpo', 'luckystar.train.rollouts')   # a module without run()
-  with pytest.raises(config_lib.StageNotBuiltError, match='has no run'):
-    config_lib.stage_module('dpo')
-  assert hasattr(config_lib.stage_module('rlvr'), 'run')
+def test_every_stage_has_its_module_and_an_unknown_stage_is_named():
+  """config.STAGES is the registry: each name is luckystar/stages/<name>.py with a run()."""
+  for stage in config_lib.STAGES:
+    assert hasattr(config_lib.stage_module(stage), 'run'), stage
+  with pytest.raises(errors.UserError, match="config.stage='export' is not a stage"):
+    config_lib.stage_module('export')
 
 
 def test_config_json_and_overrides_reach_the_stage(tmp_path):
@@ -47,9 +45,9 @@ def test_config_json_and_overrides_reach_the_stage(tmp_path):
   script = f"""
 import sys, types
 from absl import app
-stage = types.ModuleType('luckystar.train.rloo')
+stage = types.ModuleType('luckystar.stages.rlvr')
 stage.run = lambda config, workdir: print('RUN', config.seed, config.rlvr.language_penalty, workdir)
-sys.modules['luckystar.train.rloo'] = stage
+sys.modules['luckystar.stages.rlvr'] = stage
 from luckystar import main
 sys.argv = ['main', '--config=configs/rlvr.py', '--config.seed=7', '--config.rlvr.language_penalty=0.0',
             '--workdir={tmp_path}']  # ml_collections reads overrides from sys.argv
@@ -100,6 +98,6 @@ def test_a_workdir_with_checkpoints_resumes_only_under_its_own_config(tmp_path):
   assert json.loads((tmp_path / 'config.json').read_text())['total_steps'] == 50
   saved = (tmp_path / 'config.json').read_text()
   config.learning_rate, config.seed = 5.0, 7
-  with pytest.raises(config_lib.UserError, match=r'another config \(learning_rate, seed differ'):
+  with pytest.raises(errors.UserError, match=r'another config \(learning_rate, seed differ'):
     config_lib.save(config, tmp_path)
   assert (tmp_path / 'config.json').read_text() == saved

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import main_runs
-from luckystar.train import checkpoint
-from luckystar.train import metrics
+from luckystar.engine import checkpoint
+from luckystar.engine import metrics
 
 CONFIG = 'configs/sft.py:smoke'
 PROCESSES = 2

@@ -11,17 +11,17 @@ import ml_collections
 import numpy as np
 import pytest
 
-from luckystar import config as config_lib
+from luckystar import errors
 from luckystar import model
 from luckystar import sampling
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations, nl2sql, suites
 from luckystar.data.examples import rs_only
 from luckystar.rewards import reward
-from luckystar.train import rejection_sampling as rs
-from luckystar.train import rloo
-from luckystar.train import rollouts
-from luckystar.train import sft
+from luckystar.stages import rejection_sampling as rs
+from luckystar.stages import rlvr as rloo
+from luckystar.engine import rollouts
+from luckystar.stages import sft
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -292,7 +292,7 @@ def test_smoke_run_with_a_random_teacher_writes_its_files_and_a_rerun_reuses_the
   assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
   with config.unlocked():
     config.rejection_sampling.samples_per_prompt = 3
-  with pytest.raises(config_lib.UserError, match='samples_per_prompt: 2 there, 3 now'):
+  with pytest.raises(errors.UserError, match='samples_per_prompt: 2 there, 3 now'):
     rs.run(config, str(tmp_path))
 
 
@@ -307,7 +307,7 @@ def test_a_bad_trace_line_is_named_by_file_and_line(tok, tmp_path):
               json.dumps({**good, 'tokens': [1, 2, 9000]}),                       # beyond the tokenizer
               json.dumps({k: v for k, v in good.items() if k != 'tokens'})):
     path.write_text(json.dumps(good) + '\n' + bad + '\n')
-    with pytest.raises(config_lib.UserError, match=f'{path}:2: '):
+    with pytest.raises(errors.UserError, match=f'{path}:2: '):
       conversations.read_rs_traces(str(path), vocab_size=tok.vocab_size)
   path.write_text(json.dumps(good) + '\n\n' + json.dumps(good) + '\n')
   traces = conversations.read_rs_traces(str(path), vocab_size=tok.vocab_size)
@@ -320,7 +320,7 @@ def test_a_bad_trace_line_is_named_by_file_and_line(tok, tmp_path):
     sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)
   with config.unlocked():
     config.sft.data = 'teacher'
-  with pytest.raises(config_lib.UserError, match='config.sft.rs_traces'):
+  with pytest.raises(errors.UserError, match='config.sft.rs_traces'):
     sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)
 
 
@@ -343,5 +343,5 @@ def test_traces_join_reasoning_or_form_the_rs_source_of_the_mixture(tok, tmp_pat
   heldout, _ = sft.sources(config, 'heldout', tokenizer=tok, vocab_size=tok.vocab_size)
   assert heldout['rs'] == []                     # RS prompts are train prompts: never in eval
   path.write_text('')
-  with pytest.raises(config_lib.UserError, match="'rs' source a weight"):
+  with pytest.raises(errors.UserError, match="'rs' source a weight"):
     sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)

@@ -1,4 +1,4 @@
-"""The `pipeline` stage (configs/pipeline.py, luckystar.reproduce): wiring, resume by stage, the report."""
+"""The `pipeline` stage (configs/pipeline.py, luckystar.stages.pipeline): wiring, resume by stage, the report."""
 
 import json
 import pathlib
@@ -8,8 +8,9 @@ import ml_collections
 import pytest
 
 from luckystar import config as config_lib
-from luckystar import reproduce
-from luckystar.train import rloo
+from luckystar import errors
+from luckystar.stages import pipeline as reproduce
+from luckystar.stages import rlvr as rloo
 import main_runs
 
 
@@ -36,14 +37,14 @@ def test_references_become_stage_dirs_and_the_pipeline_seed_is_every_stages():
 
 def test_a_stage_must_run_after_the_stages_it_reads():
   rs = _stage('rejection_sampling', init_from='@teacher')
-  with pytest.raises(config_lib.UserError, match=r"stages.rejection_sampling.init_from='@teacher' reads stage 'teacher'"):
+  with pytest.raises(errors.UserError, match=r"stages.rejection_sampling.init_from='@teacher' reads stage 'teacher'"):
     reproduce.check_order(_pipeline(('rejection_sampling', 'teacher'), teacher=_stage(), rejection_sampling=rs))
-  with pytest.raises(config_lib.UserError, match=r"names \['dpo'\]"):
+  with pytest.raises(errors.UserError, match=r"names \['dpo'\]"):
     reproduce.check_order(_pipeline(('teacher', 'dpo'), teacher=_stage()))
   reproduce.check_order(_pipeline(('teacher', 'rejection_sampling'), teacher=_stage(), rejection_sampling=rs))
   sft = _stage()
   sft.sft.rs_traces = '@rejection_sampling/rs_traces.jsonl'   # a nested key is named by its dotted path
-  with pytest.raises(config_lib.UserError, match=r"stages.sft.sft.rs_traces='@rejection_sampling/rs_traces.jsonl'"):
+  with pytest.raises(errors.UserError, match=r"stages.sft.sft.rs_traces='@rejection_sampling/rs_traces.jsonl'"):
     reproduce.check_order(_pipeline(('sft', 'rejection_sampling'), sft=sft, rejection_sampling=rs))
 
 
@@ -61,7 +62,7 @@ def test_a_finished_stage_is_skipped_and_one_with_a_changed_config_is_an_error(t
   reproduce.run_stage('sft', config, tmp_path / 'sft')
   assert calls == [str(tmp_path / 'sft')]
   assert json.loads((tmp_path / 'sft' / 'config.json').read_text())['total_steps'] == 3
-  with pytest.raises(config_lib.UserError, match='finished with another config'):
+  with pytest.raises(errors.UserError, match='finished with another config'):
     reproduce.run_stage('sft', _stage(total_steps=4), tmp_path / 'sft')
   assert len(calls) == 1
 

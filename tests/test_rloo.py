@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from luckystar import model
-from luckystar.train import rloo, rollouts
+from luckystar.stages import rlvr as rloo
+from luckystar.engine import rollouts
 
 
 def test_design_vector_k8_three_correct():
@@ -83,8 +84,8 @@ def tiny():
 def test_on_policy_loss_is_advantage_weighted_nll_over_generated_tokens(tiny):
   config, params = tiny
   batch = _batch(config)
-  logprobs, _ = rloo.token_logprobs(config, params, batch, temperature=0.7)
-  batch['old_logprobs'] = np.pad(np.asarray(logprobs), ((0, 0), (1, 0)))
+  token_lps, _ = logprobs.token_logprobs(config, params, batch, temperature=0.7)
+  batch['old_logprobs'] = np.pad(np.asarray(token_lps), ((0, 0), (1, 0)))
   loss, aux = rloo.loss_fn(params, batch, None, model_config=config, temperature=0.7)
   mask = batch['loss_mask'][:, 1:] * batch['used'][:, None]
   on_policy = -(batch['advantages'][:, None] * mask).sum() / mask.sum()    # ratio = 1 on every token
@@ -93,7 +94,7 @@ def test_on_policy_loss_is_advantage_weighted_nll_over_generated_tokens(tiny):
 
   # The gradient is that of −Σ A·log π / tokens; prompt, tool and dropped-row tokens never contribute.
   def reinforce(p):
-    lp, _ = rloo.token_logprobs(config, p, batch, temperature=0.7)
+    lp, _ = logprobs.token_logprobs(config, p, batch, temperature=0.7)
     return -(batch['advantages'][:, None] * lp * mask).sum() / mask.sum()
   grads = jax.grad(lambda p: rloo.loss_fn(p, batch, None, model_config=config, temperature=0.7)[0])(params)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grads, jax.grad(reinforce)(params))
@@ -107,11 +108,11 @@ def test_on_policy_loss_is_advantage_weighted_nll_over_generated_tokens(tiny):
 def test_clipping_and_kl(tiny):
   config, params = tiny
   batch = _batch(config)
-  logprobs, _ = rloo.token_logprobs(config, params, batch, temperature=1.0)
-  logprobs = np.asarray(logprobs)
-  shift = np.random.default_rng(1).normal(0, 0.5, logprobs.shape).astype(np.float32)
-  batch['old_logprobs'] = np.pad(logprobs + shift, ((0, 0), (1, 0)))
-  batch['ref_logprobs'] = np.pad(logprobs - shift, ((0, 0), (1, 0)))
+  token_lps, _ = logprobs.token_logprobs(config, params, batch, temperature=1.0)
+  token_lps = np.asarray(token_lps)
+  shift = np.random.default_rng(1).normal(0, 0.5, token_lps.shape).astype(np.float32)
+  batch['old_logprobs'] = np.pad(token_lps + shift, ((0, 0), (1, 0)))
+  batch['ref_logprobs'] = np.pad(token_lps - shift, ((0, 0), (1, 0)))
   loss, aux = rloo.loss_fn(params, batch, None, model_config=config, clip_epsilon=0.2, kl_beta=0.1)
   ratio = np.exp(-shift)
   advantages = batch['advantages'][:, None]
@@ -129,14 +130,14 @@ def test_clipping_and_kl(tiny):
 def test_scoring_only_generated_columns_is_exact(tiny):
   """training_batch's score_columns project onto the vocabulary at generated tokens only: the loss,
   its metrics and its gradient equal the full projection's."""
-  from luckystar.train import sft
+  from luckystar.stages import sft
   config, params = tiny
   batch = _batch(config)
-  logprobs = np.asarray(rloo.token_logprobs(config, params, batch, temperature=1.0)[0])
-  shift = np.random.default_rng(2).normal(0, 0.3, logprobs.shape).astype(np.float32)
-  batch['old_logprobs'] = np.pad(logprobs + shift, ((0, 0), (1, 0)))
-  batch['ref_logprobs'] = np.pad(logprobs - shift, ((0, 0), (1, 0)))
-  scored = sft.with_score_columns(batch, multiple=4)
+  token_lps = np.asarray(logprobs.token_logprobs(config, params, batch, temperature=1.0)[0])
+  shift = np.random.default_rng(2).normal(0, 0.3, token_lps.shape).astype(np.float32)
+  batch['old_logprobs'] = np.pad(token_lps + shift, ((0, 0), (1, 0)))
+  batch['ref_logprobs'] = np.pad(token_lps - shift, ((0, 0), (1, 0)))
+  scored = logprobs.with_score_columns(batch, multiple=4)
   assert scored['score_columns'].shape[1] < batch['tokens'].shape[1] - 1
   for normalize in rloo.NORMALIZATIONS:
     loss = lambda p, b: rloo.loss_fn(p, b, None, model_config=config, clip_epsilon=0.2, kl_beta=0.1,
@@ -210,13 +211,14 @@ def test_eval_set_keeps_its_size_when_a_group_runs_short():
   """Chat has 62 held-out prompts: a chat-heavy RL mix still gets `count` prompts, the rest from the
   other groups in proportion, and more than the split holds is a config error."""
   from luckystar import config as config_lib
+  from luckystar import errors
   from luckystar.data import suites
   selected = suites.load('chat', 'train')[:90] + suites.load('math', 'train')[:10]
   heldout = suites.load('chat', 'heldout') + suites.load('math', 'heldout')
   chosen = rloo.eval_examples(selected, heldout, 200, seed=0)
   assert len(chosen) == 200 and len(set(chosen)) == 200
   assert sum(e.task == 'chat' for e in chosen) == len(suites.load('chat', 'heldout'))   # all of chat
-  with pytest.raises(config_lib.UserError, match='config.rlvr.eval_prompts=1000'):
+  with pytest.raises(errors.UserError, match='config.rlvr.eval_prompts=1000'):
     rloo.eval_examples(selected, heldout, 1000, seed=0)
 
 
@@ -230,7 +232,7 @@ def test_selection_candidates_per_task_budget():
   assert chosen != rloo.selection_candidates(pool, {'math': 10, 'korean_mc': 70}, seed=1)
   assert [pool.index(e) for e in chosen] == sorted(pool.index(e) for e in chosen)      # pool order
   assert len(rloo.selection_candidates(pool, 30, seed=0)) == 30                           # a whole-pool budget
-  with pytest.raises(config_lib.UserError, match='nl2sql'):
+  with pytest.raises(errors.UserError, match='nl2sql'):
     rloo.selection_candidates(pool, {'nl2sql': 4}, seed=0)
 
 
@@ -278,7 +280,7 @@ def test_train_eval_set_is_reserved_before_selection():
   assert 'eval_prompts' not in rloo._fingerprint(config)
   assert {e.split for e in rloo.eval_pool(config, tok, pool)} == {'heldout'}
   config.rlvr.eval_split = 'test'
-  with pytest.raises(config_lib.UserError, match='config.rlvr.eval_split'):
+  with pytest.raises(errors.UserError, match='config.rlvr.eval_split'):
     rloo.eval_pool(config, tok, pool)
 
 
@@ -286,19 +288,19 @@ def test_config_errors_come_before_the_model_loads(tmp_path, monkeypatch):
   """A bad `config.rlvr.eval_split` is reported before the policy loads and prompt selection spends minutes of
   rollouts; an `eval_split` typo used to surface only after selection."""
   from luckystar import config as config_lib
-  from luckystar.train import state as state_lib
+  from luckystar.engine import state as state_lib
   config = config_lib.from_file(SMOKE.split(':')[0], SMOKE.split(':')[1])
   config.rlvr.eval_split = 'hedlout'
   monkeypatch.setattr(state_lib, 'start', lambda *a, **k: pytest.fail('the model loaded before the config check'))
-  with pytest.raises(config_lib.UserError, match=r"config.rlvr.eval_split='hedlout'"):
+  with pytest.raises(errors.UserError, match=r"config.rlvr.eval_split='hedlout'"):
     rloo.run(config, str(tmp_path))
   config.rlvr.eval_split = 'heldout'
   config.batch_size = 3
   monkeypatch.setattr(rloo.jax, 'process_count', lambda: 2)
-  with pytest.raises(config_lib.UserError, match='config.batch_size=3'):
+  with pytest.raises(errors.UserError, match='config.batch_size=3'):
     rloo.run(config, str(tmp_path))
   config.batch_size, config.sampling.temperature = 2, 0.0   # logits / 0: every update NaN, silently skipped
-  with pytest.raises(config_lib.UserError, match='config.sampling.temperature=0.0'):
+  with pytest.raises(errors.UserError, match='config.sampling.temperature=0.0'):
     rloo.run(config, str(tmp_path))
 
 
@@ -316,7 +318,7 @@ def runs(tmp_path_factory):
 
 def test_killed_and_resumed_rl_run_is_bitwise_equal_to_uninterrupted(runs):
   import main_runs
-  from luckystar.train import metrics
+  from luckystar.engine import metrics
   assert runs['after_crash']['steps'] == [0, 1, 2] and 'resumed from' in runs['resume_log']
   whole, resumed = main_runs.params(runs['whole']), main_runs.params(runs['resumed'])
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(whole), jax.tree.leaves(resumed)):

@@ -11,9 +11,11 @@ import pytest
 from luckystar import model
 from luckystar import sampling
 from luckystar.model import sharding
-from luckystar.train import dpo, optim, rloo, sft
-from luckystar.train import state as state_lib
-from luckystar.train import step as step_lib
+from luckystar.engine import logprobs
+from luckystar.stages import dpo, rlvr as rloo, sft
+from luckystar.engine import optim
+from luckystar.engine import state as state_lib
+from luckystar.engine import step as step_lib
 from test_sft import MICRO, host_params
 
 ROWS, LENGTH, STEPS = 8, 16, 3
@@ -55,7 +57,7 @@ def dpo_batch(rng):
 
 
 STAGES = {  # loss, denominator, batch maker
-    'sft': (functools.partial(sft.loss_fn, model_config=MICRO), 'tokens', sft_batch),
+    'sft': (functools.partial(logprobs.token_cross_entropy, model_config=MICRO), 'tokens', sft_batch),
     'rloo': (functools.partial(rloo.loss_fn, model_config=MICRO, temperature=0.7, clip_epsilon=0.2), 'tokens',
              rloo_batch),
     'dpo': (functools.partial(dpo.loss_fn, model_config=MICRO, beta=0.1, sft_weight=0.5, anchor_weight=2.0), 'pairs',

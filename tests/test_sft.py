@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 import main_runs
-from luckystar import config as config_lib
+from luckystar import errors
 from luckystar import model
-from luckystar.train import metrics
-from luckystar.train import sft
+from luckystar.engine import logprobs
+from luckystar.engine import metrics
+from luckystar.stages import sft
 
 # Small enough to compile in a few seconds; 4 heads / 2 KV heads so tensor=2 shards it.
 MICRO = model.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
@@ -49,7 +50,7 @@ DOC_B = ([10, 11, 12, 13], [0, 1, 1, 1])   # its first token is trained on … b
 
 def test_targets_are_shifted_masked_and_stay_in_their_document():
   batch = _stack(_row(DOC_A, DOC_B, length=12))
-  targets, weights = sft.next_token_targets(batch)
+  targets, weights = logprobs.next_token_targets(batch)
   # Position t predicts token t+1: weights at t where token t+1 has loss_mask 1 in the same document.
   # Doc A occupies 0..4 and predicts 7, 8, 9 from positions 1, 2, 3; position 4 (→ doc B's first token)
   # crosses a boundary; doc B (5..8) predicts 11, 12, 13 from 5, 6, 7; padding never counts.
@@ -61,7 +62,7 @@ def test_targets_are_shifted_masked_and_stay_in_their_document():
 def micro_loss():
   """(params, jitted aux of loss_fn) for the micro model; every batch here is [2, 12], one compile."""
   params = host_params(MICRO, 0)
-  return params, jax.jit(lambda batch: sft.loss_fn(params, batch, None, model_config=MICRO))
+  return params, jax.jit(lambda batch: logprobs.token_cross_entropy(params, batch, None, model_config=MICRO))
 
 
 def test_loss_is_token_mean_cross_entropy_over_trained_tokens_only(micro_loss):
@@ -92,9 +93,9 @@ def test_score_columns_give_the_same_loss_and_gradient():
   and gradient are those of the full projection (padding columns -1 never count)."""
   params = host_params(MICRO, 0)
   batch = _random_batch(4, 16, seed=5)
-  scored = sft.with_score_columns(batch, multiple=4)
+  scored = logprobs.with_score_columns(batch, multiple=4)
   assert scored['score_columns'].shape[1] % 4 == 0 and (scored['score_columns'] == -1).any()
-  grad = jax.jit(jax.value_and_grad(lambda p, b: sft.loss_fn(p, b, None, model_config=MICRO), has_aux=True))
+  grad = jax.jit(jax.value_and_grad(lambda p, b: logprobs.token_cross_entropy(p, b, None, model_config=MICRO), has_aux=True))
   (full, full_aux), full_grads = grad(params, batch)
   (fast, fast_aux), fast_grads = grad(params, scored)
   np.testing.assert_allclose(float(fast), float(full), rtol=1e-6)
@@ -173,6 +174,6 @@ def test_a_seq_len_that_cuts_every_trained_token_of_a_source_is_named():
   """Packing cuts at seq_len: a source trained only past it would skip every step, so it is an error."""
   long_prompt = {'tokens': np.arange(100), 'loss_mask': np.r_[np.zeros(90), np.ones(10)]}
   sft.check_seq_len({'ok': [long_prompt], 'short': [(np.arange(8), np.r_[np.zeros(4), np.ones(4)])]}, 128)
-  with pytest.raises(config_lib.UserError, match=r"config.sft.seq_len=64 cuts the 'ok' source's conversations "
+  with pytest.raises(errors.UserError, match=r"config.sft.seq_len=64 cuts the 'ok' source's conversations "
                                                  r"\(up to 100 tokens\)"):
     sft.check_seq_len({'ok': [long_prompt]}, 64)

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from luckystar.model import sharding
-from luckystar.train import checkpoint
-from luckystar.train import metrics
-from luckystar.train import optim
-from luckystar.train import state as state_lib
-from luckystar.train import step as step_lib
+from luckystar.engine import checkpoint
+from luckystar.engine import metrics
+from luckystar.engine import optim
+from luckystar.engine import state as state_lib
+from luckystar.engine import step as step_lib
 
 FEATURES = 4
 
@@ -198,9 +198,9 @@ def test_metrics_resume_drops_rows_after_the_restored_step_and_plots(tmp_path):
 
 def test_keep_checkpoints_below_one_is_a_config_error_before_any_checkpoint_is_touched(tmp_path):
   """keep=0 made orbax delete every checkpoint (a re-run started over from step 0); -1 failed deep in orbax."""
-  from luckystar import config as config_lib
+  from luckystar import errors
   for keep in (0, -1):
-    with pytest.raises(config_lib.UserError, match=f'config.keep_checkpoints={keep} keeps no checkpoint'):
+    with pytest.raises(errors.UserError, match=f'config.keep_checkpoints={keep} keeps no checkpoint'):
       checkpoint.manager(tmp_path, keep=keep)
   assert not (tmp_path / 'checkpoints').exists()
 
@@ -215,7 +215,7 @@ def _metrics_file(tmp_path, last_line):
 def test_metrics_resume_drops_a_cut_short_last_row_and_names_other_bad_lines(tmp_path, caplog):
   from luckystar import config as config_lib
   path = _metrics_file(tmp_path, '{"step": 5, "train/lo')
-  with pytest.raises(config_lib.UserError, match=f'^{path}:6: not a metrics row'):
+  with pytest.raises(errors.UserError, match=f'^{path}:6: not a metrics row'):
     metrics.read(tmp_path)
   metrics.Writer(tmp_path, resumed_step=3).close()
   assert [row['step'] for row in metrics.read(tmp_path)] == [0, 1, 2, 3] and path.read_text().endswith('}\n')
@@ -225,7 +225,7 @@ def test_metrics_resume_drops_a_cut_short_last_row_and_names_other_bad_lines(tmp
   path.write_text(path.read_text().replace('{"step": 2,', '{"step": 2', 1))
   before = path.read_text()
   for call in (lambda: metrics.Writer(tmp_path, resumed_step=3), lambda: metrics.read(tmp_path)):
-    with pytest.raises(config_lib.UserError, match=f'^{path}:3: not a metrics row'):
+    with pytest.raises(errors.UserError, match=f'^{path}:3: not a metrics row'):
       call()
   assert path.read_text() == before
 
@@ -254,5 +254,5 @@ def test_model_overrides_replace_model_config_fields_at_init():
   config, params = state_lib.initial_model('tiny-base', {'sliding_window': 512})
   assert config.sliding_window == 512 and config.hidden_size == 256 and params is not None
   assert state_lib.initial_model('tiny-base')[0].sliding_window == 64
-  with pytest.raises(config_lib.UserError, match=r"config.model_overrides names \['window'\]"):
+  with pytest.raises(errors.UserError, match=r"config.model_overrides names \['window'\]"):
     state_lib.initial_model('random:tiny', {'window': 512})

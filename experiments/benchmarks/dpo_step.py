@@ -5,7 +5,7 @@
 
 (with luckystar installed, `pip install -e .`, or PYTHONPATH=. from the repository root)
 
-The stage's own code, wired as `luckystar.train.dpo.run` wires it: configs/dpo.py (sigmoid loss,
+The stage's own code, wired as `luckystar.stages.dpo.run` wires it: configs/dpo.py (sigmoid loss,
 β = 0.1, no RPO term, AdamW with clipping and the non-finite guard) with init_from='random:<size>' and
 batch_size=--pairs; the update is `step.make_update_fn(dpo.loss_fn, ..., denominator='pairs')`, one
 jitted program: a forward and backward of the 2·pairs rows (chosen and rejected), the loss, the
@@ -37,9 +37,10 @@ import numpy as np
 from luckystar import config as config_lib
 from luckystar import model
 from luckystar.model import sharding
-from luckystar.train import dpo, optim
-from luckystar.train import state as state_lib
-from luckystar.train import step as step_lib
+from luckystar.stages import dpo
+from luckystar.engine import optim
+from luckystar.engine import state as state_lib
+from luckystar.engine import step as step_lib
 
 import sft_step  # the same-run torch peer, built as the SFT benchmark builds it (this file's directory)
 

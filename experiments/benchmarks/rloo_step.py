@@ -5,7 +5,7 @@
 
 (with luckystar installed, `pip install -e .`, or PYTHONPATH=. from the repository root)
 
-The stage's own code, wired as `luckystar.train.rloo.run` wires it: configs/rlvr.py with
+The stage's own code, wired as `luckystar.stages.rlvr.run` wires it: configs/rlvr.py with
 init_from='random:<size>', batch_size=--prompts, samples_per_prompt=--k, max_new_tokens=--new_tokens
 (temperature 1.0 as configured); the bundled tokenizer; the first --prompts train prompts of the
 stage's prompt pool (`rloo.prompt_pool`: reasoning-mode render, RS-only prompts left out), taken
@@ -40,9 +40,10 @@ from luckystar import model
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.model import sharding
 from luckystar.rewards import reward as reward_lib
-from luckystar.train import optim, rloo, rollouts
-from luckystar.train import state as state_lib
-from luckystar.train import step as step_lib
+from luckystar.engine import optim, rollouts
+from luckystar.stages import rlvr as rloo
+from luckystar.engine import state as state_lib
+from luckystar.engine import step as step_lib
 
 RLVR_CONFIG = pathlib.Path(__file__).resolve().parents[2] / 'configs' / 'rlvr.py'
 PEER_SECONDS = (6.1, 6.5)  # TRL 1.16 RLOOTrainer, DESIGN §9
@@ -117,7 +118,7 @@ def main():
       grad_accum_steps=config.grad_accum_steps, denominator=settings.normalize,
       updates_per_batch=settings.updates_per_batch)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  executables = {}  # one compiled update per batch shape, as luckystar.train.loop keeps them
+  executables = {}  # one compiled update per batch shape, as luckystar.engine.loop keeps them
 
   def step(state):
     """One training step as the loop takes it: (state, phase seconds, facts)."""

@@ -5,7 +5,7 @@
 
 (with luckystar installed, `pip install -e .`, or PYTHONPATH=. from the repository root)
 
-For each size: tokens/s of `luckystar.train` 's SFT update (AdamW, clipping, non-finite guard, one
+For each size: tokens/s of `luckystar.engine` 's SFT update (AdamW, clipping, non-finite guard, one
 jit) and of a transformers `Cohere2ForCausalLM` of the same shape trained with `torch.optim.AdamW`
 (forward with labels, backward, clip, step); MFU of both against the best of several 2048² fp32
 matmuls timed in this process. Model FLOPs per step = 6 · params · tokens (tied embeddings: the
@@ -16,7 +16,7 @@ Goals (DESIGN §9): ≥ 1.5× the torch step's tokens/s on `bench`, ≥ 40% MFU 
     python experiments/benchmarks/sft_step.py --sizes=bench --breakdown   # where the step's time goes
 
 --breakdown adds, per size, a table of the step's parts timed alone on the same batch (median of
---steps after --warmup): forward + loss (ours: jitted `sft.loss_fn`; torch: the model with labels
+--steps after --warmup): forward + loss (ours: jitted `logprobs.token_cross_entropy`; torch: the model with labels
 under no_grad), forward + backward (jitted `jax.value_and_grad`; `loss.backward()`), the full update
 step (the rows above), and the vocabulary projection alone: a [B·T, hidden] × [vocab, hidden]ᵀ
 matmul + mean token cross-entropy on random inputs, forward, and forward + backward (gradients of
@@ -40,10 +40,11 @@ import optax
 from luckystar import model
 from luckystar.interop import hf
 from luckystar.model import sharding
-from luckystar.train import optim
-from luckystar.train import sft
-from luckystar.train import state as state_lib
-from luckystar.train import step as step_lib
+from luckystar.engine import logprobs
+from luckystar.engine import optim
+from luckystar.stages import sft
+from luckystar.engine import state as state_lib
+from luckystar.engine import step as step_lib
 
 OPTIMIZER = dict(learning_rate=1e-4, warmup_steps=0, total_steps=1000, weight_decay=0.1, b1=0.9, b2=0.95,
                  max_grad_norm=1.0)
@@ -95,7 +96,7 @@ def ours_step_seconds(config: model.ModelConfig, batch: dict[str, np.ndarray], s
   optimizer = optim.make(ml_collections.ConfigDict(OPTIMIZER))
   mesh = sharding.make_mesh()
   state = state_lib.create(config, optimizer, mesh, seed=0)
-  update = step_lib.make_update_fn(functools.partial(sft.loss_fn, model_config=config), optimizer,
+  update = step_lib.make_update_fn(functools.partial(logprobs.token_cross_entropy, model_config=config), optimizer,
                                    step_lib.state_shardings_of(state), mesh=mesh)
   device_batch = update.put_batch(batch)
   compiled = update.lower(state, device_batch, state_lib.step_rng(state)).compile()
@@ -149,7 +150,7 @@ def ours_part_seconds(config: model.ModelConfig, batch: dict[str, np.ndarray], s
   """Seconds of our forward + loss and forward + backward (the step's gradient, unsharded, no optimizer)."""
   params = model.init(config, jax.random.key(0))
   device_batch = jax.device_put({k: jnp.asarray(v) for k, v in batch.items()})
-  loss = functools.partial(sft.loss_fn, rng=None, model_config=config)
+  loss = functools.partial(logprobs.token_cross_entropy, rng=None, model_config=config)
   forward = jax.jit(loss)
   forward_backward = jax.jit(jax.value_and_grad(loss, has_aux=True))
   return {'forward + loss': _median_seconds(lambda: jax.block_until_ready(forward(params, device_batch)),

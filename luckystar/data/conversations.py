@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from luckystar import tools
-from luckystar.config import UserError
+from luckystar.errors import UserError
 from luckystar.data import nl2sql
 from luckystar.data.examples import Example, split_of
 from luckystar.rewards import function_call
@@ -204,7 +204,7 @@ RS_TRACE_FIELDS = ('example_id', 'task', 'language', 'sample_index', 'teacher', 
 
 
 def read_rs_traces(path: str, *, vocab_size: int | None = None) -> list[dict[str, np.ndarray]]:
-  """A rejection-sampling trace file (`luckystar.train.rejection_sampling` writes `rs_traces.jsonl`:
+  """A rejection-sampling trace file (`luckystar.stages.rejection_sampling` writes `rs_traces.jsonl`:
   one JSON object per line with RS_TRACE_FIELDS) → [{'tokens', 'loss_mask'}] int32 arrays, ready as
   `sft_sources(..., extra_reasoning=...)`. A malformed line raises UserError naming file:line; token
   ids at or above `vocab_size` (another tokenizer's file) are malformed too."""

@@ -1,14 +1,20 @@
 """Seeded bilingual (Korean/English) text for training the tokenizer.
 
+Retrain the bundled tokenizer on it (deterministic, ~1 min):
+
+    python -m luckystar.data.corpus --output=luckystar/assets/tokenizer.model
+
 Two parts: every text field of the generated task suites (prompts, schemas,
 tool docs, traces, answers, gold SQL — what the model will read and write),
 and template sentences around real Korean and English strings from Faker's
 `ko_KR` / `en_US` locale data (names, addresses, companies, jobs), for breadth.
 """
 
+import argparse
 import json
+import pathlib
 import random
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import faker
 
@@ -104,3 +110,18 @@ def template_text(seed: int = 0, num_lines: int = 40_000) -> Iterator[str]:
       yield rng.choice(_SQL_TEMPLATES).format(**fields)
     else:
       yield _tool_call(rng, fields)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description='Train the bundled bilingual tokenizer.')
+  parser.add_argument('--output', default=str(tokenizer.DEFAULT_PATH))
+  parser.add_argument('--vocab_size', type=int, default=tokenizer.VOCAB_SIZE)
+  parser.add_argument('--seed', type=int, default=0)
+  args = parser.parse_args(argv)
+  proto = tokenizer.train(tokenizer_corpus(args.seed), args.vocab_size)
+  pathlib.Path(args.output).write_bytes(proto)
+  print(f'wrote {args.output}: {tokenizer.Tokenizer(proto).vocab_size} pieces')
+
+
+if __name__ == '__main__':
+  main()

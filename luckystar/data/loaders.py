@@ -9,7 +9,7 @@ import pathlib
 import re
 from typing import Any, Iterator
 
-from luckystar import config as config_lib
+from luckystar import errors
 from luckystar.data import korean_mc, nl2sql
 from luckystar.data.examples import Example
 from luckystar.rewards import language as rewards_language
@@ -17,7 +17,7 @@ from luckystar.rewards import language as rewards_language
 _WHITESPACE = re.compile(r'\s*')
 
 
-class DataError(config_lib.UserError, ValueError):
+class DataError(errors.UserError, ValueError):
   """A malformed data file; the message names file:line."""
 
 

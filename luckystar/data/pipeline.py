@@ -15,6 +15,12 @@ import numpy as np
 Features = dict[str, np.ndarray]
 
 
+
+def encode(item: Any) -> dict[str, np.ndarray]:
+  """A rendered conversation, {'tokens', 'loss_mask'} or an (ids, loss_mask) pair → int32 features."""
+  ids, mask = (item['tokens'], item['loss_mask']) if isinstance(item, Mapping) else item
+  return {'tokens': np.asarray(ids, np.int32), 'loss_mask': np.asarray(mask, np.int32)}
+
 def shard(dataset: grain.MapDataset, process_index: int | None = None, process_count: int | None = None
           ) -> grain.MapDataset:
   """This process's slice of a finite dataset (every process sees a disjoint part)."""

@@ -38,7 +38,7 @@ def _model_proto(tokenizer: tokenizer_lib.Tokenizer) -> Any:
     problems.append('byte_fallback is off or whitespace is a suffix')
   if problems:
     raise ValueError(f'cannot export this sentencepiece model as tokenizer.json: {"; ".join(problems)}; '
-                     f'export models trained by `python -m luckystar.tokenizer`')
+                     f'export models trained by `python -m luckystar.data.corpus`')
   return proto
 
 

@@ -1,20 +1,6 @@
 """Tool calls in the action section, and whether they are the right calls (DESIGN §4).
 
-Format. The action section of an assistant turn holds JSON and nothing else:
-one call
-
-    {"tool_name": "math.factorial", "parameters": {"number": 5}}
-
-or a JSON list of calls made in parallel
-
-    [{"tool_name": "spotify.play", "parameters": {"artist": "Taylor Swift", "duration": 20}},
-     {"tool_name": "spotify.play", "parameters": {"artist": "Maroon 5", "duration": 15}}]
-
-A call has exactly two keys: `tool_name`, the function's name as its doc spells
-it (dots included), and `parameters`, an object ({} for none). Everything else
-is a format error and `parse_calls` returns None: invalid JSON, NaN/Infinity,
-a duplicated key, other keys, an empty list, over MAX_ACTION_CHARS characters
-or MAX_DEPTH levels of nesting (bounds the work a hostile sample can cause).
+Format: `luckystar.tools.calls` (`parse_calls`; None is a format error).
 
 Correctness restates the AST checker of BFCL (`bfcl_eval/eval_checker/ast_eval/
 ast_checker.py`) for JSON calls. Ground truth is one {name: {arg: [allowed...]}}
@@ -43,18 +29,11 @@ names.
 """
 
 import itertools
-import json
 import re
 from typing import Sequence
 
-MAX_ACTION_CHARS = 100_000
-MAX_DEPTH = 32  # [ / { levels; a call in a list with a dict argument is 3-4 deep
-
 OMITTED = ''  # in a ground-truth allowed list: the argument may be left out
 
-_CALL_KEYS = frozenset({'tool_name', 'parameters'})
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_NOT_BRACKET = re.compile(r'[^\[\]{}]')
 _IGNORED_IN_STRINGS = re.compile(r'[ ,./\-_*^]')
 _TYPE_HOLDS = {  # declared type → test; types not listed are not checked
     'string': lambda v: isinstance(v, str),
@@ -68,50 +47,6 @@ _TYPE_HOLDS = {  # declared type → test; types not listed are not checked
     'object': lambda v: isinstance(v, dict),
     'any': lambda v: True,
 }
-
-
-# ---- format ------------------------------------------------------------------------------------
-
-def _nesting_depth(text: str) -> int:
-  """Deepest bracket nesting outside strings, counted before json sees the text (its parser recurses)."""
-  brackets = _NOT_BRACKET.sub('', _JSON_STRING.sub('', text))
-  return max(itertools.accumulate(1 if c in '[{' else -1 for c in brackets), default=0)
-
-
-def _object_without_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
-  keys = [key for key, _ in pairs]
-  if len(set(keys)) != len(keys):
-    raise ValueError(f'duplicate key in {keys}')  # json.loads would silently keep the last one
-  return dict(pairs)
-
-
-def _reject_constant(name: str):
-  raise ValueError(f'{name} is not JSON')
-
-
-def _is_call(obj) -> bool:
-  return (isinstance(obj, dict) and obj.keys() == _CALL_KEYS and isinstance(obj['tool_name'], str)
-          and bool(obj['tool_name'].strip()) and isinstance(obj['parameters'], dict))
-
-
-def parse_calls(action_text: str) -> list[dict] | None:
-  """Action-section text → its calls, or None when the text breaks the format (module docstring).
-
-  None is a format error; the caller scores it wrong and counts it in its metrics.
-  """
-  if not isinstance(action_text, str) or len(action_text) > MAX_ACTION_CHARS:
-    return None
-  if _nesting_depth(action_text) > MAX_DEPTH:
-    return None
-  try:
-    parsed = json.loads(action_text, object_pairs_hook=_object_without_duplicate_keys,
-                        parse_constant=_reject_constant)
-  except (ValueError, RecursionError):
-    return None
-  calls = parsed if isinstance(parsed, list) else [parsed]
-  if not calls or not all(_is_call(call) for call in calls):
-    return None
-  return calls
 
 
 # ---- correctness -------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from luckystar.rewards import chat, choice, function_call, language
 from luckystar.rewards import math as math_reward
 from luckystar.rewards import sql as sql_reward
 from luckystar.tokenizer import AssistantTurn
+from luckystar.tools.calls import parse_calls
 
 DEFAULT_LANGUAGE_PENALTY = 0.5
 
@@ -39,7 +40,7 @@ def prompt_language(prompt: str) -> str | None:
 
 def format_ok(task: str, turn: AssistantTurn, actions: Sequence[str]) -> bool:
   """Every action parses as a tool call; the final answer section is present and non-empty."""
-  if any(function_call.parse_calls(a) is None for a in actions):
+  if any(parse_calls(a) is None for a in actions):
     return False
   if task == 'function_calling':
     return bool(actions)
@@ -49,7 +50,7 @@ def format_ok(task: str, turn: AssistantTurn, actions: Sequence[str]) -> bool:
 def _last_sql(actions: Sequence[str]) -> str | None:
   """The query of the last `execute_sql` call: what the agent's answer rests on."""
   for action in reversed(actions):
-    for call in function_call.parse_calls(action) or ():
+    for call in parse_calls(action) or ():
       if call['tool_name'] == tools.SQL_TOOL and isinstance(call['parameters'].get('query'), str):
         return call['parameters']['query']
   return None
@@ -69,7 +70,7 @@ def is_correct(example: Example, turn: AssistantTurn, actions: Sequence[str] = (
   if example.task == 'chat':
     return chat.is_correct(response, example.answer, prompt=example.prompt)
   if example.task == 'function_calling':
-    calls = [c for a in actions for c in function_call.parse_calls(a) or ()]
+    calls = [c for a in actions for c in parse_calls(a) or ()]
     return function_call.is_correct(calls, json.loads(example.answer), example.meta['functions'])
   if example.task == 'nl2sql':
     query = _last_sql(actions)

@@ -4,7 +4,7 @@
 
 metrics.jsonl: step 0 is the float model, step 1 the int4 (SERVE) model, with the same names:
 `eval/loss` and `eval/accuracy` (held-out conversations, assistant tokens), and with
-`quantize.task_eval.per_task_language` > 0 the held-out task metrics of `luckystar.evals.core`
+`quantize.task_eval.per_task_language` > 0 the held-out task metrics of `luckystar.engine.evals`
 (greedy, both modes). Step 1 adds `quant/logits_max_rel_diff` (int4 vs float on the held-out rows),
 `quant/linear_bytes` and `quant/linear_bytes_ratio` (int4 values + scales over bf16).
 With `quantize.export`, writes DIR/hf_int4 (compressed-tensors pack-quantized, `Model.save_hf(...,
@@ -19,17 +19,15 @@ import pathlib
 import jax
 import numpy as np
 
-from luckystar import api
-from luckystar import config as config_lib
+from luckystar import errors
 from luckystar import model as model_lib
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations
-from luckystar.evals import core as evals_core
+from luckystar.engine import evals, loading, logprobs
+from luckystar.engine import metrics as metrics_lib
+from luckystar.engine import state as state_lib
 from luckystar.model import sharding
 from luckystar.quant import quantize
-from luckystar.train import metrics as metrics_lib
-from luckystar.train import sft
-from luckystar.train import state as state_lib
 
 
 def linear_bytes(config, params) -> tuple[int, int]:
@@ -49,34 +47,34 @@ def linear_bytes(config, params) -> tuple[int, int]:
 
 def heldout_metrics(model_config, params, batches) -> dict[str, float]:
   """eval/loss and eval/accuracy over every trained token of the held-out batches (SFT's eval)."""
-  loss = functools.partial(sft.loss_fn, model_config=model_config)
-  return sft.make_eval_fn(loss, batches, sharding.make_mesh())(params, 0)
+  loss = functools.partial(logprobs.token_cross_entropy, model_config=model_config)
+  return evals.make_eval_fn(loss, batches, sharding.make_mesh())(params, 0)
 
 
 def run(config, workdir: str) -> None:
   settings = config.quantize
   if config.init_from.startswith(state_lib.RANDOM_INIT_PREFIX):  # a smoke test of the stage
     model_config, _ = state_lib.initial_model(config.init_from)
-    float_model = api.Model(model_config, model_lib.init(model_config, jax.random.key(config.seed)))
+    float_model = loading.Model(model_config, model_lib.init(model_config, jax.random.key(config.seed)))
   else:
-    float_model = api.load(config.init_from)
+    float_model = loading.load(config.init_from)
   # the model's own tokenizer (its directory's tokenizer.model), else the bundled one
   tokenizer = float_model.tokenizer = float_model.tokenizer or tokenizer_lib.default()
   try:
     int4_model = float_model.quantize(group_size=settings.group_size, scale_dtype=settings.scale_dtype,
                                       bits=settings.bits)
   except ValueError as e:
-    raise config_lib.UserError(f'config.quantize: {e}') from None
+    raise errors.UserError(f'config.quantize: {e}') from None
 
   heldout, _ = conversations.sft_sources(tokenizer, seed=config.seed, split='heldout')  # both modes
-  batches = sft.heldout_batches(sft.eval_subset(heldout, settings.eval_examples_per_source, config.seed),
+  batches = evals.heldout_batches(evals.eval_subset(heldout, settings.eval_examples_per_source, config.seed),
                                 seq_len=settings.seq_len, batch_size=config.batch_size)
-  task_settings = evals_core.Settings.from_config(settings.task_eval)
+  task_settings = evals.Settings.from_config(settings.task_eval)
   rows = []
   for model in (float_model, int4_model):
     row = heldout_metrics(model.config, model.params, batches)
     if task_settings.per_task_language:
-      row.update(evals_core.evaluate(model.config, model.params, tokenizer, task_settings))
+      row.update(evals.evaluate(model.config, model.params, tokenizer, task_settings))
     rows.append({name: float(value) for name, value in row.items()})
   float_logits = float_model.logits(batches[0]['tokens'])
   int4_logits = int4_model.logits(batches[0]['tokens'])

@@ -24,73 +24,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from luckystar import config as config_lib
+from luckystar import errors
 from luckystar import model
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations
 from luckystar.data import pipeline
 from luckystar.data.examples import SPLITS
-from luckystar.evals import core as evals_core
-from luckystar.train import loop
-from luckystar.train import optim
-from luckystar.train import state as state_lib
-from luckystar.train import step as step_lib
+from luckystar.engine import evals
+from luckystar.engine import logprobs
+from luckystar.engine import loop
+from luckystar.engine import optim
+from luckystar.engine import state as state_lib
+from luckystar.engine import step as step_lib
 
-
-def next_token_targets(batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
-  """(targets, weights), both [B, T-1]: the prediction at position t is scored against token t+1,
-  only where token t+1 is trained on (loss_mask) and belongs to the same document as token t."""
-  tokens, segments = batch['tokens'], batch['segment_ids']
-  same_document = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)
-  weights = (batch['loss_mask'][:, 1:] > 0) & same_document
-  return tokens[:, 1:], weights.astype(jnp.float32)
-
-
-SCORE_COLUMN_MULTIPLE = 64
-
-
-def with_score_columns(batch: Mapping[str, np.ndarray], multiple: int = SCORE_COLUMN_MULTIPLE
-                       ) -> dict[str, np.ndarray]:
-  """Adds 'score_columns' [B, M]: per row, the columns t whose next token is trained on
-  (`next_token_targets`), padded with -1; M is the longest row's count rounded up to `multiple`
-  (a few batch shapes, each compiled once). `loss_fn` then projects onto the vocabulary only there:
-  with ~10–30% of tokens trained, most of that projection's FLOPs are skipped. Exact: the loss and
-  its gradient are the same as without it."""
-  _, weights = next_token_targets(batch)
-  columns = [np.flatnonzero(row) for row in weights]
-  width = min(-(-max(1, max(map(len, columns))) // multiple) * multiple, weights.shape[1])
-  padded = np.full((len(columns), width), -1, np.int32)
-  for row, found in zip(padded, columns):
-    row[:len(found)] = found
-  return {**batch, 'score_columns': padded}
-
-
-def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, *,
-            model_config: model.ModelConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Σ token cross-entropy over trained tokens / their count, over the whole batch.
-
-  batch: tokens, loss_mask, segment_ids, positions, each [B, T] int; optionally score_columns
-  [B, M] (`with_score_columns`: logits only where a target is trained).
-  aux: loss, accuracy (greedy next-token), tokens (the denominator).
-  """
-  del rng  # deterministic
-  targets, weights = next_token_targets(batch)
-  columns = batch.get('score_columns')
-  if columns is None:
-    logits = model.apply(model_config, params, batch['tokens'], batch['positions'], batch['segment_ids'])
-    logits = logits[:, :-1]  # [B, T-1, V]; the last position has no next token
-  else:
-    valid, columns = columns >= 0, jnp.maximum(columns, 0)
-    logits = model.apply(model_config, params, batch['tokens'], batch['positions'], batch['segment_ids'],
-                         logit_columns=columns)
-    targets = jnp.take_along_axis(targets, columns, axis=1)
-    weights = jnp.take_along_axis(weights, columns, axis=1) * valid
-  nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-  tokens = weights.sum()
-  safe_tokens = jnp.maximum(tokens, 1.0)
-  loss = (nll * weights).sum() / safe_tokens
-  accuracy = ((jnp.argmax(logits, -1) == targets) * weights).sum() / safe_tokens
-  return loss, {'loss': loss, 'accuracy': accuracy, 'tokens': tokens}
 
 
 # ---- data ------------------------------------------------------------------------------------
@@ -120,16 +66,16 @@ def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vo
   """(sources, weights) of rendered conversations of `split`, named by `config.sft.data`;
   `config.sft.mixture` (when set) overrides the weights."""
   if config.sft.get('rs_traces', '') and config.sft.data != 'conversations':
-    raise config_lib.UserError(f'config.sft.rs_traces={config.sft.rs_traces!r} joins the "conversations" data '
+    raise errors.UserError(f'config.sft.rs_traces={config.sft.rs_traces!r} joins the "conversations" data '
                                f'only, not config.sft.data={config.sft.data!r}; set it to "" or change the data')
   if not 0 <= (fraction := config.sft.get('chat_tool_fraction', conversations.CHAT_TOOL_FRACTION)) <= 1:
-    raise config_lib.UserError(f'config.sft.chat_tool_fraction={fraction!r}; expected a share in [0, 1]')
+    raise errors.UserError(f'config.sft.chat_tool_fraction={fraction!r}; expected a share in [0, 1]')
   if config.sft.data == 'synthetic':
     raw = synthetic_sources(config.seed, split, vocab_size=vocab_size)
     weights = {name: 1.0 for name in raw}
   elif config.sft.data == 'conversations':
     if (thinking := config.sft.get('thinking_language', 'en')) not in ('en', 'ko'):
-      raise config_lib.UserError(f'config.sft.thinking_language={thinking!r}; expected "en" or "ko"')
+      raise errors.UserError(f'config.sft.thinking_language={thinking!r}; expected "en" or "ko"')
     rs_traces = config.sft.get('rs_traces', '')
     extra = (conversations.read_rs_traces(rs_traces, vocab_size=tokenizer.vocab_size)
              if rs_traces and split == 'train' else ())  # RS prompts are train prompts: never in eval
@@ -137,7 +83,7 @@ def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vo
     # an 'rs' source, are that source with its own weight (a few hundred traces among ~8000 conversations).
     own_source = RS_SOURCE in (config.sft.mixture or {})
     if own_source and split == 'train' and not extra:
-      raise config_lib.UserError(f'config.sft.mixture gives the {RS_SOURCE!r} source a weight, but '
+      raise errors.UserError(f'config.sft.mixture gives the {RS_SOURCE!r} source a weight, but '
                                  f'config.sft.rs_traces={rs_traces!r} has no traces')
     raw, weights = conversations.sft_sources(tokenizer, seed=config.seed, split=split,
                                              extra_reasoning=() if own_source else extra,
@@ -173,23 +119,11 @@ def check_seq_len(raw: Mapping[str, Sequence], seq_len: int, probe: int = 64) ->
   """Packing cuts a conversation at `seq_len`; a source whose first `probe` items all lose every trained token
   there would train on nothing (each step skipped as all-zero), so it is an error that names the setting."""
   for name, items in raw.items():
-    if items and not any(encode(item)['loss_mask'][1:seq_len].any() for item in items[:probe]):
-      longest = max(len(encode(item)['tokens']) for item in items[:probe])
-      raise config_lib.UserError(f'config.sft.seq_len={seq_len} cuts the {name!r} source\'s conversations '
+    if items and not any(pipeline.encode(item)['loss_mask'][1:seq_len].any() for item in items[:probe]):
+      longest = max(len(pipeline.encode(item)['tokens']) for item in items[:probe])
+      raise errors.UserError(f'config.sft.seq_len={seq_len} cuts the {name!r} source\'s conversations '
                                  f'(up to {longest} tokens) before their first trained token; raise it')
 
-
-def encode(item: Any) -> dict[str, np.ndarray]:
-  """A rendered conversation, {'tokens', 'loss_mask'} or an (ids, loss_mask) pair → int32 features."""
-  ids, mask = (item['tokens'], item['loss_mask']) if isinstance(item, Mapping) else item
-  return {'tokens': np.asarray(ids, np.int32), 'loss_mask': np.asarray(mask, np.int32)}
-
-
-def eval_subset(heldout: Mapping[str, Sequence], per_source: int, seed: int) -> list:
-  """A fixed sample of `per_source` items from each held-out source (all of a smaller one)."""
-  rng = np.random.default_rng(seed)
-  return [items[i] for _, items in sorted(heldout.items())
-          for i in sorted(rng.permutation(len(items))[:per_source])]
 
 
 def check_batch_size(config, mesh: jax.sharding.Mesh) -> None:
@@ -200,40 +134,12 @@ def check_batch_size(config, mesh: jax.sharding.Mesh) -> None:
                      f'{batch_devices} devices and {jax.process_count()} processes')
 
 
-def heldout_batches(heldout: Sequence, *, seq_len: int, batch_size: int) -> list[dict[str, np.ndarray]]:
-  """`heldout` packed once into fixed global batches of `batch_size` rows; the last batch is padded
-  with empty rows (segment 0, never scored). Every process builds all of them (`make_eval_fn` feeds
-  each its own rows), so every process runs the same number of eval steps."""
-  packed = pipeline.packed_batches(grain.MapDataset.source(list(heldout)), encode,
-                                   seq_len=seq_len, batch_size=1, num_packing_bins=batch_size)
-  rows = [{k: v[0] for k, v in batch.items()} for batch in packed]
-  rows += [{k: np.zeros_like(v) for k, v in rows[0].items()}] * (-len(rows) % batch_size)
-  return [with_score_columns({k: np.stack([row[k] for row in rows[i:i + batch_size]]) for k in rows[0]})
-          for i in range(0, len(rows), batch_size)]
 
-
-def make_eval_fn(loss: Any, heldout_batches: list[dict[str, np.ndarray]], mesh: jax.sharding.Mesh):
-  """eval_fn(params, step) → {'eval/loss', 'eval/accuracy'}: sum over every held-out token / count."""
-  evaluate = step_lib.MeshFunction(jax.jit(lambda params, batch: loss(params, batch, None)[1]), mesh,
-                                   step_lib.batch_sharding(mesh))
-  device_batches = [evaluate.put_batch(evaluate.local_rows(batch)) for batch in heldout_batches]
-
-  def eval_fn(params, step):
-    del step
-    loss_sum, correct, tokens = 0.0, 0.0, 0.0
-    for batch in device_batches:
-      aux = jax.device_get(evaluate(params, batch))
-      loss_sum, correct = loss_sum + aux['loss'] * aux['tokens'], correct + aux['accuracy'] * aux['tokens']
-      tokens += aux['tokens']
-    return {'eval/loss': loss_sum / max(tokens, 1.0), 'eval/accuracy': correct / max(tokens, 1.0)}
-  return eval_fn
-
-
-def with_task_eval(eval_fn, model_config, tokenizer, settings: 'evals_core.Settings'):
+def with_task_eval(eval_fn, model_config, tokenizer, settings: 'evals.Settings'):
   """Adds held-out task correctness (greedy generation, both modes, per task and language) to `eval_fn`."""
   def combined(params, step):
     metrics = dict(eval_fn(params, step)) if eval_fn is not None else {}
-    metrics.update(evals_core.evaluate(model_config, jax.device_get(params), tokenizer, settings))
+    metrics.update(evals.evaluate(model_config, jax.device_get(params), tokenizer, settings))
     return metrics
   return combined
 
@@ -244,7 +150,7 @@ def run(config, workdir: str) -> None:
     return
   tokenizer = tokenizer_lib.default() if config.sft.data != 'synthetic' else None
   model_config, mesh, optimizer, state = state_lib.start(config, tokenizer)
-  loss = functools.partial(loss_fn, model_config=model_config)
+  loss = functools.partial(logprobs.token_cross_entropy, model_config=model_config)
   update_fn = step_lib.make_update_fn(
       loss, optimizer, step_lib.state_shardings_of(state), mesh=mesh,
       learning_rate=optim.learning_rate_schedule(config), grad_accum_steps=config.grad_accum_steps)
@@ -257,16 +163,16 @@ def run(config, workdir: str) -> None:
   # a run resumes on another process count. The cost, packing rows other processes train on, is
   # small beside a step; each process already renders every source.
   global_stream = pipeline.mixture(train, weights, seed=config.seed, process_index=0, process_count=1)
-  batches = iter(pipeline.packed_batches(global_stream, encode, seq_len=config.sft.seq_len,
+  batches = iter(pipeline.packed_batches(global_stream, pipeline.encode, seq_len=config.sft.seq_len,
                                          batch_size=config.batch_size
-                                         ).map(with_score_columns).map(update_fn.local_rows))
+                                         ).map(logprobs.with_score_columns).map(update_fn.local_rows))
   eval_fn = None
   if config.sft.eval_examples_per_source:
     heldout, _ = sources(config, 'heldout', tokenizer=tokenizer, vocab_size=model_config.vocab_size)
-    eval_items = eval_subset(heldout, config.sft.eval_examples_per_source, config.seed)
-    eval_fn = make_eval_fn(loss, heldout_batches(eval_items, seq_len=config.sft.seq_len,
+    eval_items = evals.eval_subset(heldout, config.sft.eval_examples_per_source, config.seed)
+    eval_fn = evals.make_eval_fn(loss, evals.heldout_batches(eval_items, seq_len=config.sft.seq_len,
                                                  batch_size=config.batch_size), mesh)
   if tokenizer is not None and config.sft.task_eval.per_task_language:
-    eval_fn = with_task_eval(eval_fn, model_config, tokenizer, evals_core.Settings.from_config(config.sft.task_eval))
+    eval_fn = with_task_eval(eval_fn, model_config, tokenizer, evals.Settings.from_config(config.sft.task_eval))
   loop.run_training(config, workdir, state=state, update_fn=update_fn, batches=batches, eval_fn=eval_fn,
                     model_config=model_config)

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from luckystar import config as config_lib
+from luckystar import errors
 
 METRICS_FILE = 'metrics.jsonl'
 PLOTS_DIR = 'plots'
@@ -41,7 +42,7 @@ def _rows(path: pathlib.Path, *, drop_torn_last: bool = False) -> list[tuple[str
       if drop_torn_last and number == lines[-1][0]:
         logging.warning('%s:%d: dropping the cut-short last row (%s): %.60r', path, number, e, line)
         break
-      raise config_lib.UserError(f'{path}:{number}: not a metrics row ({e}); repair or delete that line, or '
+      raise errors.UserError(f'{path}:{number}: not a metrics row ({e}); repair or delete that line, or '
                                  f'delete {path} to drop the run\'s logged rows') from None
     rows.append((line, row))
   return rows

@@ -26,7 +26,7 @@ import numpy as np
 import optax
 
 from luckystar.model import sharding
-from luckystar.train.state import TrainState
+from luckystar.engine.state import TrainState
 
 Batch = dict[str, jax.Array]
 LossFn = Callable[[Any, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]

@@ -31,16 +31,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from luckystar import config as config_lib
+from luckystar import errors
 from luckystar import model
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import nl2sql, pipeline, suites
 from luckystar.data.examples import Example, rs_only
-from luckystar.evals import core as evals_core
+from luckystar.engine import evals, logprobs, loop, optim, rollouts
+from luckystar.engine import state as state_lib
+from luckystar.engine import step as step_lib
 from luckystar.model import sharding
 from luckystar.tokenizer import Tokenizer
-from luckystar.train import loop, optim, rollouts, sft
-from luckystar.train import state as state_lib
-from luckystar.train import step as step_lib
 
 NORMALIZATIONS = ('tokens', 'sequences')
 
@@ -69,32 +69,6 @@ def zero_variance_groups(rewards: jax.Array, survived: jax.Array) -> jax.Array:
   return (survived.sum(-1) >= 2) & (high == low)
 
 
-def token_logprobs(model_config: model.ModelConfig, params: Any, batch: Mapping[str, jax.Array],
-                   temperature: float) -> tuple[jax.Array, jax.Array]:
-  """(log π(token t+1 | ≤ t), entropy) of the distribution softmax(logits / temperature) the sampler
-  drew from (before top-k / top-p): [B, T-1] over every column t, or [B, M] at `batch['score_columns']`
-  (`sft.with_score_columns`: the vocabulary projection only where a generated token is scored)."""
-  columns = batch.get('score_columns')
-  if columns is None:
-    logits = model.apply(model_config, params, batch['tokens'], batch['positions'], batch['segment_ids'])[:, :-1]
-  else:
-    logits = model.apply(model_config, params, batch['tokens'], batch['positions'], batch['segment_ids'],
-                         logit_columns=jnp.maximum(columns, 0))
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature)
-  taken = jnp.take_along_axis(log_probs, next_tokens(batch, batch['tokens'])[..., None], axis=-1)[..., 0]
-  entropy = -(jnp.exp(log_probs) * log_probs).sum(-1)
-  return taken, entropy
-
-
-def next_tokens(batch: Mapping[str, jax.Array], values: jax.Array) -> jax.Array:
-  """A per-token [B, T] array at t+1 for each scored column t, aligned with `token_logprobs`:
-  [B, T-1], or [B, M] at `batch['score_columns']` (0 at padding columns, -1)."""
-  columns = batch.get('score_columns')
-  if columns is None:
-    return values[:, 1:]
-  picked = jnp.take_along_axis(values, jnp.maximum(columns, 0) + 1, axis=1)
-  return jnp.where(columns >= 0, picked, jnp.zeros_like(picked))
-
 
 # How `loss_fn`'s aux entries combine over micro-batches (`step.accumulate_gradients`): token means by their
 # tokens, counts summed; the loss by the denominator (`normalize`).
@@ -120,19 +94,19 @@ def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, 
   del rng  # deterministic
   if normalize not in NORMALIZATIONS:
     raise ValueError(f'normalize={normalize!r}; expected one of {NORMALIZATIONS}')
-  logprobs, entropy = token_logprobs(model_config, params, batch, temperature)
+  policy_logprobs, entropy = logprobs.token_logprobs(model_config, params, batch, temperature)
   rows = batch['used'].astype(jnp.float32)                                    # [B]
-  generated = next_tokens(batch, batch['loss_mask']).astype(jnp.float32)      # every sampled token, used rows or not
+  generated = logprobs.next_tokens(batch, batch['loss_mask']).astype(jnp.float32)      # every sampled token, used rows or not
   mask = generated * rows[:, None]
   advantages = batch['advantages'].astype(jnp.float32)[:, None]
-  ratio = jnp.exp(logprobs - jax.lax.stop_gradient(next_tokens(batch, batch['old_logprobs'])))
+  ratio = jnp.exp(policy_logprobs - jax.lax.stop_gradient(logprobs.next_tokens(batch, batch['old_logprobs'])))
   objective = ratio * advantages
   if clip_epsilon > 0:
     objective = jnp.minimum(objective, jnp.clip(ratio, 1 - clip_epsilon, 1 + clip_epsilon) * advantages)
   per_token = -objective
-  kl = jnp.zeros_like(logprobs)
+  kl = jnp.zeros_like(policy_logprobs)
   if kl_beta > 0:
-    log_ratio = next_tokens(batch, batch['ref_logprobs']) - logprobs
+    log_ratio = logprobs.next_tokens(batch, batch['ref_logprobs']) - policy_logprobs
     kl = jnp.exp(log_ratio) - log_ratio - 1.0
     per_token = per_token + kl_beta * kl
   tokens = mask.sum()
@@ -155,7 +129,7 @@ def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, 
 
 
 def training_batch(prompts: Sequence[Sequence[int]], groups: Sequence[Sequence[rollouts.Scored]], *,
-                   length_multiple: int, score_multiple: int = sft.SCORE_COLUMN_MULTIPLE
+                   length_multiple: int, score_multiple: int = logprobs.SCORE_COLUMN_MULTIPLE
                    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
   """The update's batch: one row per rollout, prompt + continuation, right-padded to a multiple of
   `length_multiple`, with score_columns at the generated tokens (their width rounded up to
@@ -178,7 +152,7 @@ def training_batch(prompts: Sequence[Sequence[int]], groups: Sequence[Sequence[r
     batch['old_logprobs'][b, n:total] = rollout.untruncated_logprobs
   batch['advantages'] = np.asarray(advantages, np.float32).reshape(-1)
   batch['used'] = np.asarray(used, np.int32).reshape(-1)
-  return sft.with_score_columns(batch, score_multiple), np.asarray(jax.device_get(zero_variance_groups(rewards, survived)))
+  return logprobs.with_score_columns(batch, score_multiple), np.asarray(jax.device_get(zero_variance_groups(rewards, survived)))
 
 
 def rollout_metrics(groups: Sequence[Sequence[rollouts.Scored]], zero_variance: np.ndarray, prefix: str = 'train'
@@ -186,12 +160,12 @@ def rollout_metrics(groups: Sequence[Sequence[rollouts.Scored]], zero_variance: 
   """DESIGN §8's RL batch figures: reward, correctness, pass rate, Korean→English mismatch, response
   length, overlong fraction, zero-variance groups, unscorable rollouts."""
   flat = [s for group in groups for s in group]
-  mean = evals_core.mean
+  mean = evals.mean
   return {
       f'{prefix}/reward': mean([s.verdict.reward for s in flat if s.survived]),
       f'{prefix}/correctness': mean([bool(s.verdict.correct) for s in flat]),
       f'{prefix}/pass_rate': mean([mean([bool(s.verdict.correct) for s in group]) for group in groups]),
-      f'{prefix}/language_mismatch': evals_core.korean_mismatch_rate([(s.example, s.rollout, s.verdict)
+      f'{prefix}/language_mismatch': evals.korean_mismatch_rate([(s.example, s.rollout, s.verdict)
                                                                       for s in flat]),
       f'{prefix}/response_length': mean([int(s.rollout.loss_mask.sum()) for s in flat]),
       f'{prefix}/overlong_fraction': mean([s.rollout.overlong for s in flat]),
@@ -260,7 +234,7 @@ def selection_candidates(pool: Sequence[Example], selection_prompts: int | Mappi
   if not hasattr(selection_prompts, 'items'):
     return [pool[i] for i in sorted(rng.permutation(len(pool))[:selection_prompts])]
   if unknown := set(selection_prompts) - {e.task for e in pool}:
-    raise config_lib.UserError(f'config.rlvr.selection_prompts names tasks {sorted(unknown)} that are not in '
+    raise errors.UserError(f'config.rlvr.selection_prompts names tasks {sorted(unknown)} that are not in '
                                f'config.rlvr.tasks (or have no prompt that fits max_prompt_tokens)')
   chosen = []
   for task, count in sorted(selection_prompts.items()):
@@ -289,7 +263,7 @@ def select_prompts(config, workdir: pathlib.Path, model_config: model.ModelConfi
   if path.is_file():
     cached = json.loads(path.read_text())
     if cached['fingerprint'] != _fingerprint(config):
-      raise config_lib.UserError(
+      raise errors.UserError(
           f'{path}: prompt selection was made for another config ({cached["fingerprint"]}); use a new --workdir, '
           f'or delete this file to select again')
     logging.info('prompt selection: reusing %s (%d prompts kept)', path, len(cached['kept']))
@@ -308,7 +282,7 @@ def select_prompts(config, workdir: pathlib.Path, model_config: model.ModelConfi
   logging.info('prompt selection: kept %d of %d prompts with pass rate in [%g, %g]: %s', len(kept), len(candidates),
                low, high, summary)
   if not kept:
-    raise config_lib.UserError(
+    raise errors.UserError(
         f'prompt selection kept no prompt: none of {len(candidates)} had a pass rate in [{low}, {high}] under '
         f'{config.init_from!r} (see {path}); start from a stronger policy (config.init_from), widen '
         f'config.rlvr.select_pass_rate, or choose other config.rlvr.tasks')
@@ -336,10 +310,10 @@ def allocate(count: int, weights: Mapping[Any, float], capacity: Mapping[Any, in
   return counts
 
 
-def eval_settings(config) -> evals_core.Settings:
+def eval_settings(config) -> evals.Settings:
   """The held-out evaluation's settings: greedy, in `config.rlvr.eval_modes`, with the RL tool limits."""
   settings = config.rlvr
-  return evals_core.Settings(modes=tuple(settings.eval_modes), max_new_tokens=config.sampling.max_new_tokens,
+  return evals.Settings(modes=tuple(settings.eval_modes), max_new_tokens=config.sampling.max_new_tokens,
                              max_tool_turns=settings.max_tool_turns,
                              max_tool_result_tokens=settings.max_tool_result_tokens,
                              batch_size=settings.eval_batch_size, seed=config.seed)
@@ -351,7 +325,7 @@ EVAL_SPLITS = ('heldout', 'train')
 def check_eval_split(config) -> str:
   """`config.rlvr.eval_split`, or a config error naming the key."""
   if config.rlvr.eval_split not in EVAL_SPLITS:
-    raise config_lib.UserError(f'config.rlvr.eval_split={config.rlvr.eval_split!r}; expected one of {EVAL_SPLITS}')
+    raise errors.UserError(f'config.rlvr.eval_split={config.rlvr.eval_split!r}; expected one of {EVAL_SPLITS}')
   return config.rlvr.eval_split
 
 
@@ -359,10 +333,10 @@ def check_config(config) -> None:
   """The config errors `run` would otherwise meet only after prompt selection (minutes of rollouts)."""
   check_eval_split(config)
   if not config.sampling.temperature > 0:   # the loss divides logits by it: 0 would make every update NaN (skipped)
-    raise config_lib.UserError(f'config.sampling.temperature={config.sampling.temperature}: RLVR samples its '
+    raise errors.UserError(f'config.sampling.temperature={config.sampling.temperature}: RLVR samples its '
                                'rollouts and scores them at this temperature, so it must be > 0')
   if config.batch_size % jax.process_count():
-    raise config_lib.UserError(f'config.batch_size={config.batch_size} prompts per step does not split over '
+    raise errors.UserError(f'config.batch_size={config.batch_size} prompts per step does not split over '
                                f'{jax.process_count()} processes')
 
 
@@ -401,7 +375,7 @@ def eval_examples(selected: Sequence[Example], heldout: Sequence[Example], count
   mix = {key: sum(1 for e in selected if (e.task, e.language) == key) for key in groups}
   available = sum(len(groups[key]) for key, n in mix.items() if n)
   if available < count:
-    raise config_lib.UserError(f'config.rlvr.eval_prompts={count}, but the held-out split has only {available} '
+    raise errors.UserError(f'config.rlvr.eval_prompts={count}, but the held-out split has only {available} '
                                'prompts of the selected prompts\' tasks and languages')
   counts = allocate(count, mix, {key: len(members) for key, members in groups.items()})
   rng = np.random.default_rng([seed, 29])
@@ -441,9 +415,9 @@ def run(config, workdir: str) -> None:
   def eval_fn(params, step):
     del step
     params = jax.device_get(params)
-    metrics = evals_core.evaluate(model_config, params, tokenizer, greedy_settings, examples=heldout)
+    metrics = evals.evaluate(model_config, params, tokenizer, greedy_settings, examples=heldout)
     if settings.eval_samples:  # what RL optimises: pass@1 of the policy as it samples
-      sampled = evals_core.evaluate(model_config, params, tokenizer, sampled_settings, examples=heldout)
+      sampled = evals.evaluate(model_config, params, tokenizer, sampled_settings, examples=heldout)
       metrics |= {SAMPLED_PREFIX + key.removeprefix('eval/'): value for key, value in sampled.items()
                   if key.startswith(('eval/correctness', 'eval/language_mismatch', 'eval/response_length'))}
     return metrics
@@ -455,7 +429,7 @@ def run(config, workdir: str) -> None:
   reference = reference_params = None
   if settings.kl_beta > 0:  # β = 0 holds no reference params at all
     reference_params = jax.tree.map(jnp.copy, state.params)  # the state's own params are donated each step
-    reference = jax.jit(lambda params, batch: token_logprobs(model_config, params, batch,
+    reference = jax.jit(lambda params, batch: logprobs.token_logprobs(model_config, params, batch,
                                                              config.sampling.temperature)[0])
 
   def prepare(state, indices, rng):

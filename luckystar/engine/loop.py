@@ -23,11 +23,11 @@ import jax
 import tqdm
 
 from luckystar import model
-from luckystar.train import checkpoint
-from luckystar.train import metrics as metrics_lib
-from luckystar.train import state as state_lib
-from luckystar.train.state import TrainState
-from luckystar.train.step import MeshFunction
+from luckystar.engine import checkpoint
+from luckystar.engine import metrics as metrics_lib
+from luckystar.engine import state as state_lib
+from luckystar.engine.state import TrainState
+from luckystar.engine.step import MeshFunction
 
 EvalFn = Callable[[Any, int], dict[str, Any]]
 PrepareFn = Callable[[TrainState, Any, jax.Array], tuple[dict[str, Any], dict[str, Any]]]

@@ -53,7 +53,7 @@ The stage (`run`):
      a run with the same model and data reuses them, another model or data recomputes them. No
      reference params are held during training.
   3. The shared loop (`loop.run_training`) on shuffled batches of pairs; `eval/*` (greedy held-out
-     correctness and response length in both modes, `evals.core`) at step 0 and at the end. The same
+     correctness and response length in both modes, `engine.evals`) at step 0 and at the end. The same
      command on the same workdir resumes.
 
 Batches: tokens, positions, segment_ids, loss_mask [B, 2, T] int (axis 1: chosen, rejected; rows
@@ -78,17 +78,17 @@ import numpy as np
 import tqdm
 
 from luckystar import config as config_lib
+from luckystar import errors
 from luckystar import model
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations, pipeline, suites
 from luckystar.data.examples import Example
-from luckystar.evals import core as evals_core
+from luckystar.engine import evals, logprobs, loop, optim, rollouts
+from luckystar.engine import state as state_lib
+from luckystar.engine import step as step_lib
 from luckystar.rewards import choice
 from luckystar.rewards import reward as reward_lib
 from luckystar.tokenizer import Tokenizer
-from luckystar.train import loop, optim, rloo, rollouts
-from luckystar.train import state as state_lib
-from luckystar.train import step as step_lib
 
 LOSS_TYPES = ('sigmoid', 'robust', 'ipo')
 CHOSEN_STYLES = ('direct', 'reference')
@@ -114,7 +114,7 @@ AUX_WEIGHTS = {**dict.fromkeys(('rewards/chosen', 'rewards/rejected', 'rewards/m
 
 
 def sequence_logps(token_logps: jax.Array, loss_mask: jax.Array) -> jax.Array:
-  """Σ_t log π(token t+1 | ≤ t) over response tokens: token_logps [N, T-1] (`rloo.token_logprobs`),
+  """Σ_t log π(token t+1 | ≤ t) over response tokens: token_logps [N, T-1] (`logprobs.token_logprobs`),
   loss_mask [N, T] (1 on response tokens) → [N]. Position t is weighted by loss_mask[t+1], the mask
   of the token it predicts, so prompt and tool tokens never count."""
   return (token_logps * loss_mask[:, 1:].astype(token_logps.dtype)).sum(-1)
@@ -146,7 +146,7 @@ def flatten_pairs(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
 def pair_logps(model_config: model.ModelConfig, params: Any, batch: Mapping[str, jax.Array]) -> jax.Array:
   """Summed response log-probs [B, 2] (chosen, rejected) of each pair under `params`, at temperature 1."""
   rows = flatten_pairs(batch)
-  token_logps, _ = rloo.token_logprobs(model_config, params, rows, temperature=1.0)
+  token_logps, _ = logprobs.token_logprobs(model_config, params, rows, temperature=1.0)
   return sequence_logps(token_logps, rows['loss_mask']).reshape(2, -1).T
 
 
@@ -226,7 +226,7 @@ def training_batches(pairs: Sequence[Mapping[str, Any]], reference: np.ndarray, 
   """A checkpointable iterator of this process's shuffled pair batches, epoch after epoch."""
   indices = pipeline.shard(grain.MapDataset.range(len(pairs)))
   if len(indices) < batch_size:
-    raise config_lib.UserError(f'{len(indices)} DPO pairs for this process, fewer than the {batch_size} a batch '
+    raise errors.UserError(f'{len(indices)} DPO pairs for this process, fewer than the {batch_size} a batch '
                                f'needs (config.batch_size); build more pairs (config.dpo.pair_prompts) or lower it')
   return iter(indices.shuffle(seed=seed).repeat().batch(batch_size, drop_remainder=True)
               .map(lambda chunk: pair_batch(pairs, chunk, reference, length_multiple=length_multiple))
@@ -265,7 +265,7 @@ def direct_response(example: Example) -> str:
     return f'{options[choice.option_letters(len(options)).index(example.answer)]} 정답: {example.answer}'
   if example.task in DIRECT_TASKS:  # chat, math
     return f'{example.answer}입니다.' if example.language == 'ko' else f'{example.answer}.'
-  raise config_lib.UserError(f"config.dpo.chosen='direct' has no direct answer for task {example.task!r}; "
+  raise errors.UserError(f"config.dpo.chosen='direct' has no direct answer for task {example.task!r}; "
                              f"use tasks from {DIRECT_TASKS} or config.dpo.chosen='reference'")
 
 
@@ -275,7 +275,7 @@ def chosen_reply(tokenizer: Tokenizer, example: Example, mode: str, style: str =
   reasoning mode; None when the task's verifier does not score its response correct and in the
   prompt's language."""
   if style not in CHOSEN_STYLES:
-    raise config_lib.UserError(f'config.dpo.chosen={style!r}; expected one of {CHOSEN_STYLES}')
+    raise errors.UserError(f'config.dpo.chosen={style!r}; expected one of {CHOSEN_STYLES}')
   if style == 'direct':
     example = dataclasses.replace(example, response=direct_response(example))
   rendered = conversations.render_example(tokenizer, example, mode)
@@ -399,9 +399,9 @@ def summarize_pairs(pairs: Sequence[Mapping[str, Any]], counts: Mapping[str, int
       groups[key].append(pair)
   return {'prompts': prompts, 'sampling': dict(counts), 'pairs': {key: {
       'pairs': len(members),
-      'chosen_length': evals_core.mean(p['chosen_length'] for p in members),
-      'rejected_length': evals_core.mean(p['rejected_length'] for p in members),
-      'rejected_correct': evals_core.mean(bool(p['rejected_correct']) for p in members)}
+      'chosen_length': evals.mean(p['chosen_length'] for p in members),
+      'rejected_length': evals.mean(p['rejected_length'] for p in members),
+      'rejected_correct': evals.mean(bool(p['rejected_correct']) for p in members)}
       for key, members in sorted(groups.items())}}
 
 
@@ -428,11 +428,11 @@ def read_pairs(path: pathlib.Path) -> list[dict[str, Any]]:
                            'after the first token')
     except (ValueError, KeyError, TypeError) as e:  # json.JSONDecodeError is a ValueError
       reason = f'missing field {e}' if isinstance(e, KeyError) else str(e)
-      raise config_lib.UserError(f'{path}:{number}: not a DPO pair ({reason}); expected a line of '
+      raise errors.UserError(f'{path}:{number}: not a DPO pair ({reason}); expected a line of '
                                  f'{PAIRS_FILE} as the dpo stage writes it') from None
     pairs.append(record)
   if not pairs:
-    raise config_lib.UserError(f'{path}: no DPO pairs in this file')
+    raise errors.UserError(f'{path}: no DPO pairs in this file')
   return pairs
 
 
@@ -450,7 +450,7 @@ def load_or_build_pairs(config, workdir: pathlib.Path, model_config: model.Model
     if saved != pairs_fingerprint(config):
       differ = sorted(k for k in saved.keys() | pairs_fingerprint(config).keys()
                       if saved.get(k) != pairs_fingerprint(config).get(k))
-      raise config_lib.UserError(
+      raise errors.UserError(
           f'{summary_path}: DPO pairs were built under another config ({", ".join(differ)} differ: '
           f'{ {k: saved.get(k) for k in differ} } there); use a new --workdir, or delete {PAIRS_FILE} and '
           f'{PAIRS_SUMMARY} there to build pairs again')
@@ -462,7 +462,7 @@ def load_or_build_pairs(config, workdir: pathlib.Path, model_config: model.Model
                                   modes=config.dpo.anchor_modes) if config.dpo.anchor_modes else [])
   pairs, summary = build_pairs(config, model_config, params, tokenizer, examples, anchor_examples)
   if not pairs:
-    raise config_lib.UserError(
+    raise errors.UserError(
         f'no DPO pair from {len(examples)} prompts × {config.dpo.samples_per_prompt} samples of '
         f'{config.init_from!r} ({summary["sampling"]}); sample more (config.dpo.pair_prompts, samples_per_prompt) '
         'or loosen config.dpo.verbose_min_ratio / verbose_min_extra')
@@ -562,11 +562,11 @@ def run(config, workdir: str) -> None:
   batches = training_batches(pairs, reference, batch_size=config.batch_size // jax.process_count(), seed=config.seed,
                              length_multiple=settings.length_multiple)
 
-  eval_settings = evals_core.Settings.from_config(settings.task_eval)
+  eval_settings = evals.Settings.from_config(settings.task_eval)
 
   def eval_fn(params, step):
     del step
-    return evals_core.evaluate(model_config, jax.device_get(params), tokenizer, eval_settings)
+    return evals.evaluate(model_config, jax.device_get(params), tokenizer, eval_settings)
 
   loss = functools.partial(loss_fn, model_config=model_config, beta=settings.beta, loss_type=settings.loss_type,
                            label_smoothing=settings.label_smoothing, sft_weight=settings.sft_weight,

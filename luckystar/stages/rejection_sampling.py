@@ -39,15 +39,16 @@ import jax
 import numpy as np
 
 from luckystar import config as config_lib
+from luckystar import errors
 from luckystar import model
 from luckystar import sampling
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import suites
 from luckystar.data.examples import TASKS, Example, rs_only
+from luckystar.engine import rollouts
+from luckystar.engine import state as state_lib
 from luckystar.rewards import language
 from luckystar.tokenizer import Tokenizer
-from luckystar.train import rollouts
-from luckystar.train import state as state_lib
 
 TRACES_FILE = 'rs_traces.jsonl'
 STATS_FILE = 'rs_stats.json'     # written last: its presence marks a finished run
@@ -67,7 +68,7 @@ def rs_prompts(config) -> list[Example]:
   suite order; train split only, and only `rs_only` ones, so never an RLVR, held-out or teacher prompt."""
   settings = config.rejection_sampling
   if unknown := [task for task in settings.tasks if task not in TASKS]:
-    raise config_lib.UserError(f'config.rejection_sampling.tasks names {unknown}; tasks are {TASKS}')
+    raise errors.UserError(f'config.rejection_sampling.tasks names {unknown}; tasks are {TASKS}')
   chosen = []
   for task in settings.tasks:
     here = [e for e in suites.load(task, 'train', seed=config.seed) if rs_only(e, config.seed) and (
@@ -218,11 +219,11 @@ def finished(workdir: pathlib.Path, settings: dict[str, Any]) -> bool:
   try:
     saved = json.loads(stats_path.read_text())['settings']
   except (ValueError, KeyError) as e:
-    raise config_lib.UserError(f'{stats_path}: not a rejection-sampling stats file ({e!r}); delete it (and '
+    raise errors.UserError(f'{stats_path}: not a rejection-sampling stats file ({e!r}); delete it (and '
                                f'{TRACES_FILE}) to sample again') from None
   if saved != json.loads(json.dumps(settings)):  # through JSON: tuples and lists compare equal
     differ = sorted(key for key in set(saved) | set(settings) if saved.get(key) != settings.get(key))
-    raise config_lib.UserError(
+    raise errors.UserError(
         f'{stats_path}: made with other settings '
         f'({", ".join(f"{k}: {saved.get(k)!r} there, {settings.get(k)!r} now" for k in differ)}); '
         f'use a new --workdir, or delete {TRACES_FILE} and {STATS_FILE} there to sample again')
@@ -247,7 +248,7 @@ def run(config, workdir: str) -> None:
     return
   examples = rs_prompts(config)
   if not examples:
-    raise config_lib.UserError(f'config.rejection_sampling selects no prompts (tasks={list(settings.tasks)}, '
+    raise errors.UserError(f'config.rejection_sampling selects no prompts (tasks={list(settings.tasks)}, '
                                f'math_difficulties={list(settings.math_difficulties)}, '
                                f'math_languages={list(settings.math_languages)})')
   model_config, params = load_teacher(config)

@@ -17,13 +17,13 @@ import grain.checkpoint  # registers CheckpointSave / CheckpointRestore with orb
 import jax
 import orbax.checkpoint as ocp
 
-from luckystar import config as config_lib
+from luckystar import errors
 from luckystar import model
 
 STATE, DATA, MODEL_CONFIG = 'state', 'data', 'model_config'
 
 
-class CheckpointError(config_lib.UserError):
+class CheckpointError(errors.UserError):
   """A checkpoint that exists but cannot be restored into this run."""
 
 
@@ -36,7 +36,7 @@ def manager(workdir: str | pathlib.Path, *, keep: int) -> ocp.CheckpointManager:
   below 1 is a UserError, raised before anything is read, written or deleted: orbax would delete every
   checkpoint (0) or fail deep inside (negative), and a re-run would start over from step 0."""
   if keep < 1:
-    raise config_lib.UserError(f'config.keep_checkpoints={keep} keeps no checkpoint to resume from; use 1 or more')
+    raise errors.UserError(f'config.keep_checkpoints={keep} keeps no checkpoint to resume from; use 1 or more')
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
   handlers = {STATE: ocp.StandardCheckpointHandler(), DATA: grain.checkpoint.CheckpointHandler(),
               MODEL_CONFIG: ocp.JsonCheckpointHandler()}

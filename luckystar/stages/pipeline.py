@@ -26,8 +26,9 @@ import numpy as np
 import tqdm
 
 from luckystar import config as config_lib
-from luckystar.train import metrics as metrics_lib
-from luckystar.train import rloo
+from luckystar import errors
+from luckystar.engine import metrics as metrics_lib
+from luckystar.stages import rlvr as rloo
 
 DONE_FILE = 'stage_done.json'
 REPORT_FILE = 'report.md'
@@ -63,13 +64,13 @@ def check_order(config) -> None:
   """Every stage in the order exists, and every '@<stage>' it reads runs before it."""
   stages, order = config.pipeline.stages, tuple(config.pipeline.order)
   if unknown := [name for name in order if name not in stages]:
-    raise config_lib.UserError(f'config.pipeline.order names {unknown}, which config.pipeline.stages does not '
+    raise errors.UserError(f'config.pipeline.order names {unknown}, which config.pipeline.stages does not '
                                f'define; stages are {sorted(stages)}')
   for position, name in enumerate(order):
     for node, key, dotted in _references(stages[name]):
       value = node[key]
       if (source := value[len(REFERENCE):].split('/')[0]) not in order[:position]:
-        raise config_lib.UserError(f'config.pipeline.stages.{name}.{dotted}={value!r} reads stage {source!r}, which '
+        raise errors.UserError(f'config.pipeline.stages.{name}.{dotted}={value!r} reads stage {source!r}, which '
                                    f'does not run before it in config.pipeline.order={order}')
 
 
@@ -79,7 +80,7 @@ def run_stage(name: str, stage_config: ml_collections.ConfigDict, stage_dir: pat
   if done.is_file():
     record = json.loads(done.read_text())
     if record['config'] != resolved:
-      raise config_lib.UserError(f'{done}: stage {name!r} finished with another config than this run gives it; '
+      raise errors.UserError(f'{done}: stage {name!r} finished with another config than this run gives it; '
                                  f'use a new --workdir, or delete {stage_dir} to run the stage again')
     logging.info('pipeline: %s finished before (%.0f s); skipping', name, record['wall_s'])
     return record['wall_s']

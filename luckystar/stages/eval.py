@@ -10,7 +10,7 @@ Suites (`config.eval.suites`), each answered in every mode of `config.eval.modes
     bfcl                   real BFCL v4 simple / multiple / parallel (`bfcl-eval` package): AST match
     korean_mc              KoBALT-format 10-option multiple choice (+ `kobalt_file`): accuracy
     chat                   concise chat questions: correctness
-    instruction_following  generated, rule-verified constraints (evals.instruction_following)
+    instruction_following  generated, rule-verified constraints (data.instruction_following)
 
 Per suite and mode: `accuracy` (correct among scorable), `accuracy/<language>` (and `/<category>` for
 BFCL), `response_length` (generated tokens), `language_mismatch` (paper Table 2: Korean prompts whose
@@ -36,18 +36,18 @@ import jax
 import numpy as np
 import tqdm
 
-from luckystar import api
-from luckystar import config as config_lib
+from luckystar import errors
 from luckystar import model as model_lib
 from luckystar import sampling
 from luckystar import tokenizer as tokenizer_lib
-from luckystar.data import bfcl, champ, conversations, loaders
+from luckystar.data import bfcl, champ, conversations, instruction_following, loaders
 from luckystar.data.examples import Example
-from luckystar.evals import core, instruction_following
+from luckystar.engine import evals as core
+from luckystar.engine import loading
+from luckystar.engine import metrics as metrics_lib
+from luckystar.engine import rollouts as rollouts_lib
+from luckystar.engine import state as state_lib
 from luckystar.rewards import reward
-from luckystar.train import metrics as metrics_lib
-from luckystar.train import rollouts as rollouts_lib
-from luckystar.train import state as state_lib
 
 SUITES = ('math', 'champ', 'nl2sql', 'bfcl', 'korean_mc', 'chat', 'instruction_following')
 PASS_K_SUITES = ('math', 'champ')
@@ -83,16 +83,16 @@ class Settings:
     values = dict(config)
     unknown = sorted(set(values) - fields)
     if unknown:
-      raise config_lib.UserError(f'config.eval has unknown keys {unknown}; known: {sorted(fields)}')
+      raise errors.UserError(f'config.eval has unknown keys {unknown}; known: {sorted(fields)}')
     settings = cls(**{k: (tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in values.items()})
     for name in settings.suites:
       if name not in SUITES:
-        raise config_lib.UserError(f'config.eval.suites: unknown suite {name!r}; expected some of {SUITES}')
+        raise errors.UserError(f'config.eval.suites: unknown suite {name!r}; expected some of {SUITES}')
     for mode in settings.modes:
       if mode not in core.MODES:
-        raise config_lib.UserError(f'config.eval.modes: unknown mode {mode!r}; expected some of {core.MODES}')
+        raise errors.UserError(f'config.eval.modes: unknown mode {mode!r}; expected some of {core.MODES}')
     if settings.pass_k_samples and max(settings.pass_k) > settings.pass_k_samples:
-      raise config_lib.UserError(f'config.eval.pass_k={settings.pass_k} needs pass_k_samples ≥ {max(settings.pass_k)}')
+      raise errors.UserError(f'config.eval.pass_k={settings.pass_k} needs pass_k_samples ≥ {max(settings.pass_k)}')
     return settings
 
 
@@ -320,7 +320,7 @@ def report_markdown(results: dict[str, Any]) -> str:
   get = lambda name, mode, key: suites.get(name, {}).get(mode, {}).get(key)
   lines = [f'# Evaluation of `{results["init_from"]}`', '',
            f'Greedy decoding, at most {results["settings"]["max_new_tokens"]} new tokens, SQL tool loop on for NL2SQL; '
-           'accuracy in % of scorable prompts (`luckystar/evals/run.py`).', '',
+           'accuracy in % of scorable prompts (`luckystar/stages/eval.py`).', '',
            '## Accuracy per suite', '',
            '| suite | metric | ' + ' | '.join(modes) + ' | prompts | unscorable |',
            '|---|---|' + '---|' * len(modes) + '---|---|']
@@ -411,9 +411,9 @@ def run(config, workdir: str) -> None:
   settings = Settings.from_config(config.eval)
   if config.init_from.startswith(state_lib.RANDOM_INIT_PREFIX):  # a smoke test of the stage
     model_config, _ = state_lib.initial_model(config.init_from)
-    loaded = api.Model(model_config, model_lib.init(model_config, jax.random.key(config.seed)))
+    loaded = loading.Model(model_config, model_lib.init(model_config, jax.random.key(config.seed)))
   else:
-    loaded = api.load(config.init_from)
+    loaded = loading.load(config.init_from)
   tokenizer = loaded.tokenizer or tokenizer_lib.default()
   respond = model_respond(loaded.config, loaded.params, tokenizer, settings)
   results = {'init_from': config.init_from, 'settings': dataclasses.asdict(settings),

@@ -20,18 +20,21 @@ thinking section and then a non-empty response in the prompt's language.
 
 import collections
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
+import grain
 import jax
 import numpy as np
 
 from luckystar import sampling
-from luckystar.data import suites
+from luckystar.data import pipeline, suites
 from luckystar.data.examples import Example
 from luckystar.model import ModelConfig
 from luckystar.rewards import language, reward
 from luckystar.tokenizer import Tokenizer
-from luckystar.train import rollouts as rollouts_lib
+from luckystar.engine import logprobs
+from luckystar.engine import rollouts as rollouts_lib
+from luckystar.engine import step as step_lib
 
 MODES = ('reasoning', 'concise')
 TASKS = ('math', 'nl2sql', 'function_calling', 'korean_mc', 'chat')
@@ -155,3 +158,42 @@ def evaluate(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, setti
       if key.startswith('eval/reasoning/') and key.count('/') <= 3:
         metrics['eval/' + key.removeprefix('eval/reasoning/')] = value
   return metrics
+
+
+# ---- held-out token loss (SFT, quantization) ---------------------------------------------------------
+
+
+def eval_subset(heldout: Mapping[str, Sequence], per_source: int, seed: int) -> list:
+  """A fixed sample of `per_source` items from each held-out source (all of a smaller one)."""
+  rng = np.random.default_rng(seed)
+  return [items[i] for _, items in sorted(heldout.items())
+          for i in sorted(rng.permutation(len(items))[:per_source])]
+
+
+def heldout_batches(heldout: Sequence, *, seq_len: int, batch_size: int) -> list[dict[str, np.ndarray]]:
+  """`heldout` packed once into fixed global batches of `batch_size` rows; the last batch is padded
+  with empty rows (segment 0, never scored). Every process builds all of them (`make_eval_fn` feeds
+  each its own rows), so every process runs the same number of eval steps."""
+  packed = pipeline.packed_batches(grain.MapDataset.source(list(heldout)), pipeline.encode,
+                                   seq_len=seq_len, batch_size=1, num_packing_bins=batch_size)
+  rows = [{k: v[0] for k, v in batch.items()} for batch in packed]
+  rows += [{k: np.zeros_like(v) for k, v in rows[0].items()}] * (-len(rows) % batch_size)
+  return [logprobs.with_score_columns({k: np.stack([row[k] for row in rows[i:i + batch_size]]) for k in rows[0]})
+          for i in range(0, len(rows), batch_size)]
+
+
+def make_eval_fn(loss: Any, heldout_batches: list[dict[str, np.ndarray]], mesh: jax.sharding.Mesh):
+  """eval_fn(params, step) → {'eval/loss', 'eval/accuracy'}: sum over every held-out token / count."""
+  evaluate = step_lib.MeshFunction(jax.jit(lambda params, batch: loss(params, batch, None)[1]), mesh,
+                                   step_lib.batch_sharding(mesh))
+  device_batches = [evaluate.put_batch(evaluate.local_rows(batch)) for batch in heldout_batches]
+
+  def eval_fn(params, step):
+    del step
+    loss_sum, correct, tokens = 0.0, 0.0, 0.0
+    for batch in device_batches:
+      aux = jax.device_get(evaluate(params, batch))
+      loss_sum, correct = loss_sum + aux['loss'] * aux['tokens'], correct + aux['accuracy'] * aux['tokens']
+      tokens += aux['tokens']
+    return {'eval/loss': loss_sum / max(tokens, 1.0), 'eval/accuracy': correct / max(tokens, 1.0)}
+  return eval_fn

@@ -7,8 +7,8 @@ on one device.
 
 `config.init_from` picks the initial params:
   'random:<size>'                 random init of a named size (`luckystar.model.SIZES`), e.g. 'random:tiny'
-  'tiny-base', an HF directory    `luckystar.load(...)`
-  a luckystar run directory       the params of its latest checkpoint (via `luckystar.load`)
+  'tiny-base', an HF directory    `loading.load(...)`
+  a luckystar run directory       the params of its latest checkpoint (via `loading.load`)
 """
 
 from typing import Any, NamedTuple
@@ -18,11 +18,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-import luckystar
-from luckystar import config as config_lib
+from luckystar import errors
 from luckystar import model
 from luckystar.model import sharding
-from luckystar.train import optim
+from luckystar.engine import loading
+from luckystar.engine import optim
 
 RANDOM_INIT_PREFIX = 'random:'
 
@@ -39,7 +39,7 @@ class TrainState:
 def check_vocab(init_from: str, model_config: model.ModelConfig, tokenizer: Any) -> None:
   """A UserError naming `config.init_from` when the tokenizer has ids the model cannot embed."""
   if tokenizer is not None and tokenizer.vocab_size > model_config.vocab_size:
-    raise config_lib.UserError(f'config.init_from={init_from!r} has {model_config.vocab_size} token embeddings, '
+    raise errors.UserError(f'config.init_from={init_from!r} has {model_config.vocab_size} token embeddings, '
                                f'fewer than the tokenizer\'s {tokenizer.vocab_size}')
 
 
@@ -48,13 +48,13 @@ def initial_model(init_from: str, overrides: Any = None) -> tuple[model.ModelCon
   fields) replaced; params None means random init."""
   overrides = dict(overrides or {})
   if unknown := set(overrides) - set(model.ModelConfig.__dataclass_fields__):
-    raise config_lib.UserError(f'config.model_overrides names {sorted(unknown)}, which are not ModelConfig fields')
+    raise errors.UserError(f'config.model_overrides names {sorted(unknown)}, which are not ModelConfig fields')
   if init_from.startswith(RANDOM_INIT_PREFIX):
     try:
       return model.get(init_from[len(RANDOM_INIT_PREFIX):], **overrides), None
     except ValueError as e:
-      raise config_lib.UserError(f'config.init_from={init_from!r}: {e}') from None
-  loaded = luckystar.load(init_from, **overrides)  # bundled name, run/checkpoint directory or transformers directory
+      raise errors.UserError(f'config.init_from={init_from!r}: {e}') from None
+  loaded = loading.load(init_from, **overrides)  # bundled name, run/checkpoint directory or transformers directory
   return loaded.config, loaded.params
 
 
@@ -82,7 +82,7 @@ def _init_fn(model_config: model.ModelConfig, optimizer: optax.GradientTransform
 def abstract(model_config: model.ModelConfig, optimizer: optax.GradientTransformation, mesh: jax.sharding.Mesh
              ) -> TrainState:
   """The state `create` would make, as ShapeDtypeStructs carrying their shardings; nothing is allocated
-  (what ahead-of-time lowering and compiling take, `luckystar.train.aot_plan`)."""
+  (what ahead-of-time lowering and compiling take, `luckystar.aot_plan`)."""
   shapes = jax.eval_shape(_init_fn(model_config, optimizer), jax.random.key(0), None)
   state_shardings = shardings(shapes, optimizer, model.param_shardings(model_config, mesh), mesh)
   return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),

@@ -1,10 +1,10 @@
 """Ahead-of-time memory plan of the training steps on a large mesh, before any device is touched.
 
-    python -m luckystar.train.aot_plan                      # command_a_111b on 256 fake CPU devices
-    python -m luckystar.train.aot_plan --layouts=1x256x1 --remat=full --steps=sft
+    python -m luckystar.aot_plan                      # command_a_111b on 256 fake CPU devices
+    python -m luckystar.aot_plan --layouts=1x256x1 --remat=full --steps=sft
 
-Lowers and compiles the SFT train step and the RLOO update (`step.make_update_fn` on `sft.loss_fn`
-and `rloo.loss_fn`, exactly what the stages run) for abstract inputs: the train state is
+Lowers and compiles the SFT train step and the RLOO update (`step.make_update_fn` on `logprobs.token_cross_entropy`
+and `rlvr.loss_fn`, exactly what the stages run) for abstract inputs: the train state is
 `state.abstract` (ShapeDtypeStructs with the default sharding rules' NamedShardings) and the batch
 ShapeDtypeStructs sharded over ('data', 'fsdp'); nothing is allocated. Then prints XLA's per-device
 `memory_analysis()` (arguments + outputs − aliased + temporaries + code) next to the HBM of a TPU v5p
@@ -15,7 +15,7 @@ as a script), so the figures are XLA:CPU's buffer assignment of the per-device S
 same shardings and shapes as on TPU/GPU, but not their fusion, layouts or collective buffers;
 read them as a plan, not a measurement. The SFT batch is scored at every position (no
 `score_columns`: the most a batch can need); the RLOO batch is one row per rollout with full-vocabulary
-log-probs at every position, as `rloo.loss_fn` computes them.
+log-probs at every position, as `rlvr.loss_fn` computes them.
 """
 
 import os
@@ -39,10 +39,11 @@ import jax.numpy as jnp
 
 from luckystar import config as config_lib
 from luckystar import model
+from luckystar.engine import logprobs, optim
+from luckystar.engine import state as state_lib
+from luckystar.engine import step as step_lib
 from luckystar.model import sharding
-from luckystar.train import optim, rloo, sft
-from luckystar.train import state as state_lib
-from luckystar.train import step as step_lib
+from luckystar.stages import rlvr
 
 HBM_BYTES = {'v5p': 95 * 10**9, 'H100': 80 * 10**9}
 STEPS = ('sft', 'rlvr')
@@ -81,7 +82,7 @@ def parse_layout(text: str) -> tuple[int, int, int]:
 
 
 def batch_structs(step: str, batch: int, seq_len: int, mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
-  """The update's batch as the stages build it (`sft.loss_fn`, `rloo.training_batch`), rows over data × fsdp."""
+  """The update's batch as the stages build it (`logprobs.token_cross_entropy`, `rlvr.training_batch`), rows over data × fsdp."""
   rows = step_lib.batch_sharding(mesh)
   spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rows)
   fields = {name: spec((batch, seq_len), jnp.int32) for name in ('tokens', 'positions', 'segment_ids', 'loss_mask')}
@@ -99,9 +100,9 @@ def plan(step: str, model_config: model.ModelConfig, layout: tuple[int, int, int
   optimizer = optim.make(config)
   state = state_lib.abstract(model_config, optimizer, mesh)
   if step == 'sft':
-    loss, denominator = functools.partial(sft.loss_fn, model_config=model_config), 'tokens'
+    loss, denominator = functools.partial(logprobs.token_cross_entropy, model_config=model_config), 'tokens'
   else:
-    loss, denominator = functools.partial(rloo.loss_fn, model_config=model_config), 'tokens'
+    loss, denominator = functools.partial(rlvr.loss_fn, model_config=model_config), 'tokens'
   update_fn = step_lib.make_update_fn(loss, optimizer, jax.tree.map(lambda s: s.sharding, state), mesh=mesh,
                                       learning_rate=optim.learning_rate_schedule(config),
                                       grad_accum_steps=grad_accum_steps, denominator=denominator)
@@ -146,7 +147,7 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
   if jax.device_count() != args.devices:
     raise SystemExit(f'error: {jax.device_count()} devices, --devices={args.devices}; run as '
-                     f'`python -m luckystar.train.aot_plan` (it sets the fake device count before jax starts)')
+                     f'`python -m luckystar.aot_plan` (it sets the fake device count before jax starts)')
   plans = []
   for step in args.steps.split(','):
     if step not in STEPS:

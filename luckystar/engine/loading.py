@@ -1,0 +1,182 @@
+"""Loading a model by name or path → `Model`: bundled names, luckystar run directories, transformers
+directories (float or int4). `luckystar.load` (the api facade) is `load` here."""
+
+import dataclasses
+import os
+import pathlib
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from luckystar import model as model_lib
+from luckystar import quant
+from luckystar import sampling
+from luckystar import tokenizer as tokenizer_lib
+from luckystar.engine import checkpoint
+from luckystar.interop import hf
+
+BUNDLED_DIR = pathlib.Path(__file__).parent / 'assets' / 'models'
+BUNDLED_MODELS = ('tiny-base', 'tiny-sft', 'tiny-rlvr', 'teacher')
+
+_logits = jax.jit(model_lib.apply, static_argnums=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+  """One generated reply. `text` is the response section when there is one, else the decoded text of
+  the whole final assistant turn (special tokens dropped), so a malformed reply is still readable."""
+  text: str
+  thinking: str | None
+  response: str | None
+  actions: list[str]           # every action (tool call) in order, across tool turns
+  finished: bool               # the turn ended (END_OF_TURN, or an action with no tool to run)
+  overlong: bool               # max_new_tokens ran out first
+  rollout: sampling.Rollout    # the token-level record: ids, loss mask, log-probs
+
+
+Tools = sampling.ToolFn | str | os.PathLike | Sequence['str | os.PathLike | None'] | None
+
+
+@dataclasses.dataclass
+class Model:
+  """A loaded model: architecture, params (a pytree of arrays) and tokenizer (None if unknown)."""
+  config: model_lib.ModelConfig
+  params: Any
+  tokenizer: tokenizer_lib.Tokenizer | None = None
+
+  def logits(self, token_ids: Any) -> jax.Array:
+    """token_ids [B, T] int → logits [B, T, V] float32."""
+    token_ids = jnp.asarray(token_ids)
+    if token_ids.ndim != 2 or not jnp.issubdtype(token_ids.dtype, jnp.integer):
+      raise ValueError(f'token_ids must be an int array [batch, length], got {token_ids.dtype}{token_ids.shape}')
+    if token_ids.size and (int(token_ids.min()) < 0 or int(token_ids.max()) >= self.config.vocab_size):
+      raise ValueError(f'token ids must lie in [0, {self.config.vocab_size}); got '
+                       f'[{int(token_ids.min())}, {int(token_ids.max())}]')
+    return _logits(self.config, self.params, token_ids)
+
+  def generate(self, prompts: str | Sequence[str], mode: str = 'reasoning', *, max_new_tokens: int = 256,
+               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, tools: Tools = None,
+               system: str | None = None, max_tool_turns: int = 4, max_tool_result_tokens: int = 512
+               ) -> 'Generation | list[Generation]':
+    """Chat replies through the chat template: a str gives one Generation, a list gives a list.
+
+    mode: 'reasoning' or 'concise' (the system preamble). temperature 0 is greedy. tools: None (the
+    `calculator` only; any other action ends the reply), SQLite database path(s), one for all prompts
+    or one per prompt, to run `execute_sql` actions on as well, or your own
+    tool_fn(prompt_index, action_text) -> result text or None.
+    max_new_tokens bounds each reply, tool turns included.
+    """
+    if self.tokenizer is None:
+      raise ValueError('this model has no luckystar tokenizer (its directory has no tokenizer.model with our chat '
+                       'tokens); copy luckystar/assets/tokenizer.model into it, or set model.tokenizer')
+    single = isinstance(prompts, str)
+    texts = [prompts] if single else list(prompts)
+    system_messages = [{'role': 'system', 'content': system}] if system is not None else []
+    rendered = [self.tokenizer.render([*system_messages, {'role': 'user', 'content': text}], mode,
+                                      add_generation_prompt=True)[0] for text in texts]
+    rollouts = sampling.rollout(
+        self.config, self.params, self.tokenizer, rendered, rng=jax.random.key(seed), max_new_tokens=max_new_tokens,
+        tool_fn=_tool_fn(tools, len(texts)), max_tool_turns=max_tool_turns,
+        max_tool_result_tokens=max_tool_result_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+    generations = [self._generation(r) for r in rollouts]
+    return generations[0] if single else generations
+
+  def quantize(self, *, group_size: int = 128, scale_dtype: str = 'bfloat16', bits: int = 4) -> 'Model':
+    """This model with int weights (AQT CONVERT → SERVE, luckystar/quant): symmetric, weight-only, one
+    scale per `group_size` input features (0: per output channel), scales rounded to `scale_dtype`
+    (the export dtype). `logits`, `generate` and `save_hf` run from the int values; the embedding
+    stays float."""
+    config, params = quant.convert(self.config, self.params, bits=bits, group_size=group_size,
+                                   scale_dtype=scale_dtype)
+    return Model(config, params, self.tokenizer)
+
+  def save_hf(self, path: str | os.PathLike, *, dtype: str = 'float32', quantization: str | None = None,
+              group_size: int = 128) -> None:
+    """A transformers Cohere2 directory (config, safetensors in `dtype`; with a tokenizer, also
+    tokenizer.model, tokenizer.json + tokenizer_config.json carrying our chat template, so
+    `AutoTokenizer` encodes and `apply_chat_template(messages, mode=...)` renders as we do, and a
+    generation config); `luckystar.load(path)` reads it back.
+
+    quantization='int4': compressed-tensors pack-quantized (W4A16) Linears, which transformers (with
+    compressed-tensors) and vLLM load. A float model is quantized first (`quantize(group_size=...,
+    scale_dtype=dtype)`); an already quantized one (`quantize()`, or loaded from an int4 directory) is
+    written from its own int values and scales, bit for bit. A quantization-aware (TRAIN mode) model
+    converts with its own settings.
+    """
+    config, params = self.config, self.params
+    if quantization not in (None, 'int4'):
+      raise ValueError(f'quantization must be None or "int4", got {quantization!r}')
+    if quantization is None and quant.is_served(config):
+      raise ValueError('this model is quantized; save it with quantization="int4" (its int values and scales)')
+    if quantization is None:
+      config = config.replace(quant=None)   # a quantization-aware (TRAIN mode) model's float kernels
+    elif not quant.is_served(config):
+      config, params = quant.convert(config, params, group_size=group_size, scale_dtype=dtype)
+    hf.save_hf(path, config, params, dtype=dtype, tokenizer=self.tokenizer)
+
+  def _generation(self, rollout: sampling.Rollout) -> Generation:
+    turn = rollout.final_turn
+    if turn.response is not None:
+      text = turn.response
+    else:  # the final turn's ids: after the last spliced (mask 0) token
+      generated = np.flatnonzero(rollout.loss_mask == 0)
+      text = self.tokenizer.decode(rollout.token_ids[generated[-1] + 1 if generated.size else 0:])
+    return Generation(text=text, thinking=rollout.thinking, response=turn.response, actions=rollout.actions,
+                      finished=rollout.finished, overlong=rollout.overlong, rollout=rollout)
+
+
+def _tool_fn(tools: Tools, num_prompts: int) -> sampling.ToolFn:
+  if callable(tools):
+    return tools
+  if tools is None:
+    return sampling.agent_tools([None] * num_prompts)
+  if isinstance(tools, (str, os.PathLike)):
+    return sampling.agent_tools([os.fspath(tools)] * num_prompts)
+  paths = [None if p is None else os.fspath(p) for p in tools]
+  if len(paths) != num_prompts:
+    raise ValueError(f'tools has {len(paths)} database paths for {num_prompts} prompts; give one per prompt '
+                     f'or a single path for all')
+  return sampling.agent_tools(paths)
+
+
+def _dir_tokenizer(path: pathlib.Path) -> tokenizer_lib.Tokenizer | None:
+  """Our sentencepiece tokenizer if the directory carries one with our special tokens, else None."""
+  file = path / 'tokenizer.model'
+  if not file.is_file():
+    return None
+  try:
+    return tokenizer_lib.Tokenizer.from_file(file)
+  except (ValueError, RuntimeError, OSError):
+    return None  # some other model's sentencepiece file (e.g. without our chat tokens)
+
+
+def load(name_or_path: str | pathlib.Path, **config_overrides: Any) -> Model:
+  """A bundled model name (`tiny-sft`, ...), a luckystar run/checkpoint directory (its latest
+  checkpoint's params), or a transformers Cohere2/Cohere directory, float or int4 (compressed-tensors
+  pack-quantized, as `Model.save_hf(..., quantization="int4")` writes it: served from its int values).
+
+  `config_overrides` replace ModelConfig fields, e.g. `param_dtype='bfloat16', dtype='bfloat16'`;
+  params are cast to the resulting `param_dtype`.
+  """
+  path = pathlib.Path(name_or_path)
+  if str(name_or_path) in BUNDLED_MODELS:
+    path = BUNDLED_DIR / str(name_or_path)
+    if not path.is_dir():
+      raise FileNotFoundError(
+          f'bundled model {str(name_or_path)!r} is not built yet in this version of luckystar '
+          f'(expected at {path}); bundled models ship with the training stages that produce them')
+  if not path.exists():
+    raise FileNotFoundError(f'{path}: no such bundled model or directory; bundled models: {BUNDLED_MODELS}')
+  if checkpoint.is_run_dir(path):
+    config, params = checkpoint.load_params(path)
+    config, tokenizer = config.replace(**config_overrides), tokenizer_lib.default()
+  elif hf.is_hf_dir(path):
+    (config, params), tokenizer = hf.load_hf(path, **config_overrides), _dir_tokenizer(path)
+  else:
+    raise ValueError(f'{path}: not a model directory luckystar can read (expected a transformers '
+                     f'Cohere2/Cohere directory with config.json and safetensors, or a luckystar run directory)')
+  # Int4 checkpoints keep their int values and scales as they are; everything else is param_dtype.
+  params = quant.cast_float_params(params, config.param_dtype)
+  return Model(config, params, tokenizer)

@@ -1,0 +1,97 @@
+"""Token log-probabilities of a model on a batch, shared by every stage's loss and eval.
+
+A batch holds tokens, positions, segment_ids, loss_mask [B, T] int; `with_score_columns` adds the columns
+where a next token is scored, so that the vocabulary projection runs only there.
+"""
+
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from luckystar import model
+
+
+def next_token_targets(batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+  """(targets, weights), both [B, T-1]: the prediction at position t is scored against token t+1,
+  only where token t+1 is trained on (loss_mask) and belongs to the same document as token t."""
+  tokens, segments = batch['tokens'], batch['segment_ids']
+  same_document = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)
+  weights = (batch['loss_mask'][:, 1:] > 0) & same_document
+  return tokens[:, 1:], weights.astype(jnp.float32)
+
+
+SCORE_COLUMN_MULTIPLE = 64
+
+
+def with_score_columns(batch: Mapping[str, np.ndarray], multiple: int = SCORE_COLUMN_MULTIPLE
+                       ) -> dict[str, np.ndarray]:
+  """Adds 'score_columns' [B, M]: per row, the columns t whose next token is trained on
+  (`next_token_targets`), padded with -1; M is the longest row's count rounded up to `multiple`
+  (a few batch shapes, each compiled once). `token_cross_entropy` then projects onto the vocabulary only there:
+  with ~10–30% of tokens trained, most of that projection's FLOPs are skipped. Exact: the loss and
+  its gradient are the same as without it."""
+  _, weights = next_token_targets(batch)
+  columns = [np.flatnonzero(row) for row in weights]
+  width = min(-(-max(1, max(map(len, columns))) // multiple) * multiple, weights.shape[1])
+  padded = np.full((len(columns), width), -1, np.int32)
+  for row, found in zip(padded, columns):
+    row[:len(found)] = found
+  return {**batch, 'score_columns': padded}
+
+
+def token_cross_entropy(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, *,
+                        model_config: model.ModelConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Σ token cross-entropy over trained tokens / their count, over the whole batch.
+
+  batch: tokens, loss_mask, segment_ids, positions, each [B, T] int; optionally score_columns
+  [B, M] (`with_score_columns`: logits only where a target is trained).
+  aux: loss, accuracy (greedy next-token), tokens (the denominator).
+  """
+  del rng  # deterministic
+  targets, weights = next_token_targets(batch)
+  columns = batch.get('score_columns')
+  if columns is None:
+    logits = model.apply(model_config, params, batch['tokens'], batch['positions'], batch['segment_ids'])
+    logits = logits[:, :-1]  # [B, T-1, V]; the last position has no next token
+  else:
+    valid, columns = columns >= 0, jnp.maximum(columns, 0)
+    logits = model.apply(model_config, params, batch['tokens'], batch['positions'], batch['segment_ids'],
+                         logit_columns=columns)
+    targets = jnp.take_along_axis(targets, columns, axis=1)
+    weights = jnp.take_along_axis(weights, columns, axis=1) * valid
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+  tokens = weights.sum()
+  safe_tokens = jnp.maximum(tokens, 1.0)
+  loss = (nll * weights).sum() / safe_tokens
+  accuracy = ((jnp.argmax(logits, -1) == targets) * weights).sum() / safe_tokens
+  return loss, {'loss': loss, 'accuracy': accuracy, 'tokens': tokens}
+
+
+def token_logprobs(model_config: model.ModelConfig, params: Any, batch: Mapping[str, jax.Array],
+                   temperature: float) -> tuple[jax.Array, jax.Array]:
+  """(log π(token t+1 | ≤ t), entropy) of the distribution softmax(logits / temperature) the sampler
+  drew from (before top-k / top-p): [B, T-1] over every column t, or [B, M] at `batch['score_columns']`
+  (`with_score_columns`: the vocabulary projection only where a generated token is scored)."""
+  columns = batch.get('score_columns')
+  if columns is None:
+    logits = model.apply(model_config, params, batch['tokens'], batch['positions'], batch['segment_ids'])[:, :-1]
+  else:
+    logits = model.apply(model_config, params, batch['tokens'], batch['positions'], batch['segment_ids'],
+                         logit_columns=jnp.maximum(columns, 0))
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature)
+  taken = jnp.take_along_axis(log_probs, next_tokens(batch, batch['tokens'])[..., None], axis=-1)[..., 0]
+  entropy = -(jnp.exp(log_probs) * log_probs).sum(-1)
+  return taken, entropy
+
+
+def next_tokens(batch: Mapping[str, jax.Array], values: jax.Array) -> jax.Array:
+  """A per-token [B, T] array at t+1 for each scored column t, aligned with `token_logprobs`:
+  [B, T-1], or [B, M] at `batch['score_columns']` (0 at padding columns, -1)."""
+  columns = batch.get('score_columns')
+  if columns is None:
+    return values[:, 1:]
+  picked = jnp.take_along_axis(values, jnp.maximum(columns, 0) + 1, axis=1)
+  return jnp.where(columns >= 0, picked, jnp.zeros_like(picked))

@@ -15,19 +15,6 @@ calculator) 6% → 100% on the run's eval set, 99.2% in the README table, hybrid
 `:base` makes `tiny-base` from random init (≈ 60 min; train/loss 7.3 → 0.50, eval/loss 9.0 → 0.80;
 held-out concise Korean MC 61%, chat 57% en / 19% ko).
 `python experiments/bundled_models.py tiny-base tiny-sft` runs both and exports them.
-`:copy`: the copy phase the cold-start teacher (and, from `tiny-sft`, its student) starts from
-(`configs/pipeline.py:cold_start`): `tiny-base` on
-the quoted copy drill alone (`Repeat: '<word>'` or `'<word>': repeat it` → `It is '<word>'`, the word made up
-or a person's or company's name; `conversations.copy_sources`), 800 steps, ≈ 8 min; eval/loss 8.3 → 0.63,
-greedy: 15 of 32 made-up words and 4 of 32 of the student's NL2SQL values copied. `--config.sft.copy_drill=plain`
-is experiments/copy_probe.py's unquoted made-up-word drill (eval/loss 7.9 → 0.12, 84% exact teacher-forced).
-`--config.sft.copy_drill=named --config.sft.seq_len=128` is the student's drill in the reasoning traces' form
-(`'<word>'에 대해 알려 주세요.` → thinking `The question names '<word>'.`). From `tiny-sft` after the quoted drill,
-greedy thinking names 0 of 32 student NL2SQL values after 300 steps, 14 of 32 after 1500 (21 min; made-up words
-28 of 32), but only 3 of 48 with a database schema before the question (experiments/cold_start.md, Notes).
-`--config.sft.copy_drill=schema --config.sft.seq_len=512 --config.batch_size=8` is that drill behind the schema
-(a training database's schema, a template's question naming made-up values, the row ending at the thinking): 600
-steps after `named` (≈ 15 min), greedy thinking names 25 of 144 held-out NL2SQL questions' values exactly (2 before).
 `:smoke` (tests; ~35 s on 2 busy cores, mostly compiling): a random `tiny` model on a synthetic
 reverse-the-prompt task, 4 steps, a checkpoint every 2.
 """
@@ -55,7 +42,6 @@ def get_config(arg=None):
   config.sft.rs_traces = ''             # rs_traces.jsonl of the rejection_sampling stage: joins 'reasoning'; '' = none
   config.sft.thinking_language = 'en'   # 'ko': Korean prompts think in Korean (the paper's Table 1 ablation)
   config.sft.chat_tool_fraction = 0.3   # reasoning chat arithmetic that calls the calculator (the rest answers)
-  config.sft.copy_drill = 'quoted'       # the `copy` source's drill (conversations.COPY_DRILLS): 'quoted', 'plain', 'named'
   # Held-out task correctness (luckystar.engine.evals.Settings): greedy, both modes, per task and language.
   config.sft.task_eval = ml_collections.ConfigDict(dict(per_task_language=8, max_new_tokens=160, batch_size=40))
 
@@ -85,27 +71,8 @@ def get_config(arg=None):
     config.eval_every = 0
     config.checkpoint_every = 100
     config.sft.data = 'teacher'
-    # The copy drill (`:copy`) as a source of its own; 0 here. `configs/pipeline.py:cold_start` starts the teacher
-    # from a `:copy` run and gives the drill 0.1: `--config.sft.mixture.copy=0.1 --config.init_from=<copy workdir>`.
-    config.sft.mixture = ml_collections.ConfigDict(dict(reasoning=0.8, concise=0.2, copy=0.0))
     config.sft.eval_examples_per_source = 16     # held-out conversations of the teacher's tasks, NL2SQL included
     config.sft.task_eval.per_task_language = 0   # the rejection_sampling stage's pass@1/pass@N judge it
-  elif arg == 'copy':  # the phase before the teacher: `tiny-base` learns to copy a word out of its prompt
-    # `tiny-base` has no copy circuit (experiments/copy_probe.md: 0% exact, 65% after 400 steps of the drill
-    # near the peak learning rate, 94% at 800). The probe's shape: 16 rows of one drill (~75 tokens) each.
-    config.init_from = 'tiny-base'
-    config.model_overrides = ml_collections.ConfigDict(dict(sliding_window=512))  # as the teacher's
-    config.total_steps = 800
-    config.batch_size = 16
-    config.learning_rate = 1e-3
-    config.warmup_steps = 20
-    config.eval_every = 200
-    config.checkpoint_every = 100
-    config.sft.data = 'copy'
-    config.sft.seq_len = 96
-    config.sft.mixture = ml_collections.ConfigDict(dict(copy=1.0))
-    config.sft.eval_examples_per_source = 128
-    config.sft.task_eval.per_task_language = 0
   elif arg == 'smoke':
     config.init_from = 'random:tiny'
     config.total_steps = 4
@@ -121,5 +88,5 @@ def get_config(arg=None):
     config.sft.task_eval.per_task_language = 0   # synthetic tokens: no chat template to evaluate
   elif arg:
     raise ValueError(f'unknown variant configs/sft.py:{arg}; expected configs/sft.py, configs/sft.py:base, '
-                     'configs/sft.py:teacher, configs/sft.py:copy or configs/sft.py:smoke')
+                     'configs/sft.py:teacher or configs/sft.py:smoke')
   return config

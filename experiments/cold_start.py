@@ -6,15 +6,15 @@ rejection-sampled SFT it does, and held-out NL2SQL improves.
 
 (with luckystar installed, `pip install -e .`, or PYTHONPATH=. from the repository root)
 
-Runs the user's command, `python -m luckystar.main --config=configs/pipeline.py:cold_start --workdir=W`
+Runs the user's command, `python -m luckystar.main --config=experiments/cold_start_pipeline.py --workdir=W`
 (re-running resumes the first unfinished stage): a copy phase (`tiny-base` on the quoted copy drill,
-`configs/sft.py:copy`) → a tiny teacher started from it, trained on its own databases (`nl2sql.teacher_suite`:
-mixed schema wordings and the training wording with rows of their own, never a student prompt) → best-of-8 from
-it on the student's RS-only NL2SQL prompts → `tiny-sft` given the same copy phase, then the drill in the
-traces' form (`--config.sft.copy_drill=named`), then that drill behind a training database's schema (`schema`),
-fine-tuned with the kept traces in its hybrid mixture (the schema drill kept up at 20%) → RLOO on NL2SQL from
-that SFT (the held-out set reserved first; prompt selection: pass rate in [1/8, 7/8] at k = 8 over all 216
-prompts left; 32 steps, overlong rollouts scored as wrong, held-out eval every 16), then from `tiny-base` and
+`experiments/cold_start_pipeline.py:copy`) → a tiny teacher started from it, trained on its own databases
+(`nl2sql.teacher_suite`: mixed schema wordings and the training wording with rows of their own, never a student
+prompt) → best-of-8 from it on the student's RS-only NL2SQL prompts → `tiny-sft` given the same copy phase, then
+the drill in the traces' form (SFT data `copy_named`), then that drill behind a training database's schema
+(`copy_schema`), fine-tuned with the kept traces in its hybrid mixture (the schema drill kept up at 20%) → RLOO
+on NL2SQL from that SFT (the held-out set reserved first; prompt selection: pass rate in [1/8, 7/8] at k = 8 over
+all 216 prompts left; 32 steps, overlong rollouts scored as wrong, held-out eval every 16), then from `tiny-base` and
 from `tiny-sft` (no traces; every candidate kept, 8 steps). Then reads the stages' outputs and writes
 experiments/cold_start.md: the teacher's pass@1/pass@8, per arm the zero-variance fraction of prompt selection's
 candidates (the comparable "signal" figure: every arm measures its own starting policy at k = 8) and of its RL
@@ -29,11 +29,12 @@ import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import paper_report  # noqa: E402  (experiments/paper_report.py: a pipeline run's findings)
 import sweep  # noqa: E402  (experiments/sweep.py)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 REPORT = ROOT / 'experiments' / 'cold_start.md'
-CONFIG = 'configs/pipeline.py:cold_start'
+CONFIG = 'experiments/cold_start_pipeline.py'
 ARMS = ('nl2sql_from_base', 'nl2sql_from_tiny_sft', 'nl2sql_from_sft')
 
 
@@ -59,7 +60,7 @@ def _selection(workdir: pathlib.Path, arm: str) -> str:
 
 
 def report(workdir: pathlib.Path, overrides: list[str], seconds: float) -> str:
-  results = json.loads((workdir / 'report.json').read_text())
+  results = paper_report.from_workdir(workdir)
   finding = next(f for f in results['findings'] if f['title'].startswith('Cold start'))
   stats = json.loads((workdir / 'rejection_sampling' / 'rs_stats.json').read_text())
   pct = lambda v: f'{100 * v:.1f}'
@@ -69,7 +70,7 @@ def report(workdir: pathlib.Path, overrides: list[str], seconds: float) -> str:
       f'`{CONFIG}`, seed {results.get("seed", 0)}; {seconds / 60:.1f} min on this machine (this invocation; '
       f'about 0 if it only re-read a finished run), {results["total_wall_s"] / 60:.1f} min of stage wall time.', '',
       '## The teacher\'s best-of-8 on the student\'s RS-only NL2SQL prompts', '',
-      f'| group | prompts | pass@1 % | pass@{stats["settings"]["samples_per_prompt"]} % | prompts with a kept trace | '
+      f'| group | prompts | pass@1 % | pass@{stats["fingerprint"]["samples_per_prompt"]} % | prompts with a kept trace | '
       'kept traces |', '|---|---|---|---|---|---|']
   lines += [f'| {key} | {g["prompts"]} | {pct(g["pass@1"])} | {pct(g["pass@N"])} | {g["prompts_with_kept_trace"]} | '
             f'{g["kept_traces"]} |' for key, g in stats['groups'].items()]

@@ -5,7 +5,7 @@
 
 (with luckystar installed, `pip install -e .`, or PYTHONPATH=. from the repository root)
 
-Reads a cold-start run (`configs/pipeline.py:cold_start`, experiments/cold_start.py): the RLOO arm's config,
+Reads a cold-start run (`experiments/cold_start_pipeline.py`, experiments/cold_start.py): the RLOO arm's config,
 its held-out set (`rloo.reserve_eval`, drawn again from the same config) and its prompt selection
 (`prompt_selection.json`). For each policy (a stage directory of the run) it prints, on the held-out set:
 greedy correctness and format per question template, and greedy correctness split by *value coverage*:
@@ -32,6 +32,8 @@ from luckystar import tokenizer as tokenizer_lib
 from luckystar.data.examples import Example
 from luckystar.engine import evals as core
 from luckystar.stages import rlvr as rloo
+
+import cold_start_data  # noqa: F401  (registers the prompt sources a run's config.rlvr.extra_prompts may name)
 
 ARM = 'nl2sql_from_sft'
 
@@ -65,7 +67,7 @@ def grouped(pairs: Iterable[tuple[str, Any]]) -> dict[str, tuple[list[bool], lis
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument('--workdir', required=True, help='a configs/pipeline.py:cold_start run')
+  parser.add_argument('--workdir', required=True, help='an experiments/cold_start_pipeline.py run')
   parser.add_argument('--policies', default=f'sft,{ARM}', help='stage directories of the run, comma-separated')
   parser.add_argument('--samples', type=int, default=16, help='samples per question for the pass rate; 0: skip')
   args = parser.parse_args()
@@ -75,6 +77,8 @@ def main() -> None:
     if not path.is_file():
       raise SystemExit(f'{path}: not found; run experiments/cold_start.py --workdir={workdir} first')
   config = ml_collections.ConfigDict(json.loads(config_path.read_text()))
+  if 'extra_prompts' not in config.rlvr:   # a run from before the key: no extra prompts
+    config.rlvr.extra_prompts = ()
   if config.rlvr.eval_split != 'train':
     raise SystemExit(f'{config_path}: config.rlvr.eval_split={config.rlvr.eval_split!r}; this probe reads the '
                      "cold start's reserved held-out set (eval_split='train')")

@@ -16,7 +16,8 @@ Writes experiments/copy_probe.md.
 
 The probe keeps its own few-line loop (plain AdamW, teacher-forced scores of raw arrays every 100 steps) on
 purpose: it is the fixed instrument the reports' numbers come from. The same drill as a training stage, on the
-project's optimizer and loop, is `configs/sft.py:copy` (its numbers are in copy_probe.md's later notes).
+project's optimizer and loop, is `experiments/cold_start_pipeline.py:copy_plain` (its numbers are in
+copy_probe.md's later notes).
 """
 
 import argparse
@@ -32,10 +33,10 @@ import optax
 import luckystar
 from luckystar import model
 from luckystar import tokenizer as tokenizer_lib
-from luckystar.data import conversations
 from luckystar.data import suites
 from luckystar.engine import logprobs
-from luckystar.stages import sft
+
+from cold_start_data import copy_messages, made_up_word   # experiments/cold_start_data.py: the copy drill
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 REPORT = ROOT / 'experiments' / 'copy_probe.md'
@@ -49,7 +50,7 @@ def batch(tokenizer, words: list[str]) -> dict[str, np.ndarray]:
   rows['positions'] = np.broadcast_to(np.arange(SEQ_LEN, dtype=np.int32), (len(words), SEQ_LEN)).copy()
   prefix = len(tokenizer.encode('It is'))
   for i, word in enumerate(words):
-    ids, mask = tokenizer.render(conversations.copy_messages(word), 'concise')
+    ids, mask = tokenizer.render(copy_messages(word), 'concise')
     rows['tokens'][i, :len(ids)], rows['loss_mask'][i, :len(ids)], rows['segment_ids'][i, :len(ids)] = ids, mask, 1
     first = mask.index(1) + 1 + prefix  # past the response's opening token and 'It is'
     rows['word'][i, first:len(ids) - 2] = 1  # the last two are the end-of-response and end-of-turn tokens
@@ -92,7 +93,7 @@ def main() -> None:
   loaded = luckystar.load(args.model)
   config, params, tokenizer = loaded.config, loaded.params, loaded.tokenizer
   rng = random.Random(args.seed)
-  heldout = batch(tokenizer, [conversations.made_up_word(rng) for _ in range(HELDOUT)])
+  heldout = batch(tokenizer, [made_up_word(rng) for _ in range(HELDOUT)])
   warmup = min(20, args.steps // 2)
   optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, args.learning_rate, warmup, args.steps),
                           weight_decay=0.1)
@@ -110,7 +111,7 @@ def main() -> None:
       print(f'step {step}: train loss {loss:.3f}, exact {curve[-1][2]:.1%}, word tokens {curve[-1][3]:.1%}',
             flush=True)
     if step < args.steps:
-      train = batch(tokenizer, [conversations.made_up_word(rng) for _ in range(BATCH)])
+      train = batch(tokenizer, [made_up_word(rng) for _ in range(BATCH)])
       params, opt_state, loss = update(params, opt_state, {k: v for k, v in train.items() if k != 'word'})
       loss = float(loss)
   apart, total = spelled_apart(args.seed)

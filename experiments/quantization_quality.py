@@ -22,7 +22,6 @@ import luckystar
 from luckystar.data import conversations
 from luckystar.engine import evals
 from luckystar.stages import quantize as quant_run
-from luckystar.stages import sft
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 REPORT = ROOT / 'experiments' / 'quantization_quality.md'

@@ -8,7 +8,8 @@ import pytest
 from luckystar import config as config_lib
 from luckystar import errors
 from luckystar import tokenizer as tokenizer_lib
-from luckystar.data import conversations, korean_mc, nl2sql, suites
+from luckystar.data import conversations, korean_mc, nl2sql, sources, suites
+from luckystar.data.examples import SPLITS
 from luckystar.rewards import language, reward
 from luckystar.stages import sft
 
@@ -142,22 +143,44 @@ def test_base_sources_are_concise_conversations_and_plain_text(tok):
 
 @pytest.mark.parametrize('split', ['train', 'heldout'])
 @pytest.mark.parametrize('variant', ['teacher', None])   # the teacher's data and the student's conversations
-def test_the_copy_drill_is_rendered_only_when_the_mixture_weighs_it(tok, monkeypatch, split, variant):
+def test_registered_data_is_sft_data_or_a_mixture_source_rendered_only_when_weighed(tok, monkeypatch, split, variant):
+  """`luckystar.data.sources`: an experiment's SFT data by name, as `config.sft.data` or as a `config.sft.mixture`
+  key beside another data's sources (built only when weighed); unknown names are config errors that say so."""
   own = ({'reasoning': [{'tokens': np.ones(3, np.int32)}], 'concise': []}, dict(conversations.DEFAULT_WEIGHTS))
   monkeypatch.setattr(conversations, 'teacher_sources', lambda *a, **k: (dict(own[0]), dict(own[1])))
   monkeypatch.setattr(conversations, 'sft_sources', lambda *a, **k: (dict(own[0]), dict(own[1])))
+  monkeypatch.setattr(sources, '_SFT', dict(sources._SFT))   # registrations end with the test
+  built = []
+
+  def drill(tokenizer, *, seed, split):
+    built.append((tokenizer, seed, split))
+    return ({'a': [{'tokens': np.full(2, SPLITS.index(split), np.int32)}], 'b': [{'tokens': np.zeros(1, np.int32)}]},
+            {'a': 0.5, 'b': 0.5})
+
+  sources.register_sft('drill', drill)
+  assert 'drill' in sources.sft_names()
+  with pytest.raises(ValueError, match='identifier'):
+    sources.register_sft('a drill', drill)
   config = config_lib.from_file('configs/sft.py', variant)
   raw, weights = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
-  assert 'copy' in raw if variant else 'copy' not in raw   # the teacher's mixture names it with weight 0
-  config.sft.mixture.copy = 0.0
+  assert 'drill' not in raw and weights == {'reasoning': 0.8, 'concise': 0.2} and not built   # no config names it
+  config.sft.mixture.drill = 0.0
   raw, weights = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
-  assert (raw['copy'], weights['copy'], raw['reasoning']) == ([], 0.0, own[0]['reasoning'])   # weight 0: none built
-  config.sft.mixture.copy = 0.1
+  assert (raw['drill'], weights['drill'], raw['reasoning']) == ([], 0.0, own[0]['reasoning'])   # weight 0: none built
+  assert not built
+  config.sft.mixture.drill = 0.1
   raw, weights = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
-  assert weights == {'reasoning': 0.8, 'concise': 0.2, 'copy': 0.1}
-  assert len(raw['copy']) == conversations.COPY_COUNTS[split]
-  drills, _ = conversations.copy_sources(tok, split=split, count=4, drill=config.sft.copy_drill)
-  assert all(np.array_equal(a['tokens'], b['tokens']) for a, b in zip(raw['copy'], drills['copy']))
+  assert weights == {'reasoning': 0.8, 'concise': 0.2, 'drill': 0.1} and built == [(tok, 0, split)]
+  assert [item['tokens'].tolist() for item in raw['drill']] == [[SPLITS.index(split)] * 2, [0]]   # its sources as one
+  config.sft.mixture.other = 0.1
+  with pytest.raises(errors.UserError, match=r"config.sft.mixture names \['concise', 'drill', 'other', 'reasoning'\]"):
+    sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
+  config.sft.data, config.sft.mixture = 'drill', None   # the data itself, with its own weights
+  raw, weights = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
+  assert set(raw) == {'a', 'b'} and weights == {'a': 0.5, 'b': 0.5} and built[-1] == (tok, 0, split)
+  config.sft.data = 'drills'
+  with pytest.raises(errors.UserError, match=r"config.sft.data='drills'; expected one of .*'conversations'.*'drill'"):
+    sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
 
 
 @pytest.mark.parametrize('data', ['conversations', 'teacher'])

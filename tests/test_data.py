@@ -117,25 +117,6 @@ def test_teacher_databases_mix_the_wordings_and_share_no_question_with_the_stude
       conn.execute(e.answer).fetchall()
 
 
-def test_rl_only_databases_have_the_training_schema_and_share_no_question(all_examples, db_dir):
-  """RL-only NL2SQL (`nl2sql.rl_suite`): the training wording with rows of their own, split 'train' and marked
-  RL-only, and no question text of a student split or of the teacher's suite."""
-  rl = nl2sql.rl_suite(db_dir, count=2)
-  assert rl == nl2sql.rl_suite(db_dir, count=2) and {e.split for e in rl} == {'train'}
-  assert all(e.meta[nl2sql.RL_ONLY] for e in rl) and {e.language for e in rl} == {'en', 'ko'}
-  assert {e.meta['db_id'] for e in rl} == {f'{d}_r{k}' for d in nl2sql.DOMAINS for k in range(2)}
-  taken = {e.prompt for e in all_examples['nl2sql']} | {e.prompt for e in nl2sql.teacher_suite(db_dir)}
-  assert not {e.prompt for e in rl} & taken
-  train = nl2sql.build_databases(db_dir)['hr_0']
-  own = next(e.meta['db_path'] for e in rl if e.meta['db_id'] == 'hr_r1')
-  assert sql_tool.schema(own) == sql_tool.schema(train)
-  staff = lambda path: {row[0] for row in sqlite3.connect(path).execute('SELECT name FROM employees')}
-  assert len(staff(own) & staff(train)) < len(staff(own)) // 10
-  for e in rl[::20]:
-    with sqlite3.connect(e.meta['db_path']) as conn:
-      conn.execute(e.answer).fetchall()
-
-
 @pytest.mark.parametrize('word,kind,expected', [
     ('사과', 'object', '를'), ('책', 'object', '을'), ('물', 'subject', '이'), ('커피', 'subject', '가'),
     ('학교', 'topic', '는'), ('집', 'topic', '은'), ('빵', 'with', '과'), ('우유', 'with', '와'),

@@ -42,7 +42,6 @@ from luckystar.interop import hf
 from luckystar.model import sharding
 from luckystar.engine import logprobs
 from luckystar.engine import optim
-from luckystar.stages import sft
 from luckystar.engine import state as state_lib
 from luckystar.engine import step as step_lib
 

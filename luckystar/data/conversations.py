@@ -13,7 +13,6 @@ of the time, and RLVR, whose reward sees only the answer, teaches it that the to
 import hashlib
 import json
 import pathlib
-import random
 from typing import Sequence
 
 import numpy as np
@@ -236,95 +235,3 @@ def read_rs_traces(path: str, *, vocab_size: int | None = None) -> list[dict[str
     traces.append({'tokens': np.asarray(tokens, np.int32), 'loss_mask': np.asarray(mask, np.int32)})
   return traces
 
-
-# ---- the copy drill (experiments/copy_probe.md) -------------------------------------------------
-
-# `tiny-base` has no circuit that copies a word out of its prompt, and grows one only after a few hundred
-# steps of a task that needs nothing else (experiments/copy_probe.md); the teacher needs it to carry a
-# question's values into its query. Two drills (`COPY_DRILLS`), a new word every conversation:
-# - 'plain', the probe's: `Repeat: <made-up word>` → `It is <word>`, after a space in prompt and reply alike
-#   (the same tokens in both). It grows a circuit that copies made-up words, not real names (0 of 32 NL2SQL
-#   values), and the teacher started from it copied none of the student's values.
-# - 'quoted', the NL2SQL spelling (`nl2sql.spell`): `Repeat: '<word>'` or `'<word>': repeat it` → `It is
-#   '<word>'`, the word a made-up one or, half the time, a database-like value (a Korean or English person or
-#   company, `nl2sql.value_like`) that no student question names. Questions quote their values the same way,
-#   so the copy it trains (after a quote, what followed the earlier quote) is the one a query needs; the
-#   second prompt form puts the quote at the text start, as Korean questions that open with their value do.
-# Varied drills learned slower: asking for `'word'` after an unquoted prompt (other tokens) grew no circuit in
-# 400 steps, and five prompt and three reply templates with vocabulary words half the time reached 16% in 800.
-# - 'named', the quoted drill in the reasoning traces' own form: a request that quotes a word (and, a third of
-#   the time, a year after it) → thinking `The question names '<word>'[, <year>].` (`naming`, the line an NL2SQL
-#   trace opens with) and the reply `It is '<word>'`. The student of the cold start learns its query from a
-#   hundred traces; copied in the concise `It is` form only, its thinking line named a memorised value for every
-#   question (experiments/cold_start.md). Its requests are not NL2SQL's: no schema, no database words. Measured
-#   there: the student names 14 of 32 real values in these requests after 1500 steps, but 3 of 48 in NL2SQL
-#   prompts, whose schema (100-200 tokens) comes before the question.
-# - 'schema', the named drill behind that context: an NL2SQL question over a training database, in its
-#   template's wording, with made-up or person/company values for its text slots (`nl2sql.drill_questions`),
-#   after the database's schema as its system text; the row is the prompt and the trace's thinking
-#   (`nl2sql_thinking`) and stops at the thinking's end, so no reply competes with the query the traces teach.
-#   600 steps of it after 'named': the thinking names 25 of 144 held-out NL2SQL questions' values (2 before).
-HANGUL_SYLLABLES = tuple('가나다라마바사아자차카타파하고노도로모보소오조호구누두루무부수우주추리미비시이지기니디')
-LATIN_SYLLABLES = tuple(c + v for c in 'bdfgklmnprstvz' for v in 'aeiou')
-COPY_COUNTS = {'train': 40_000, 'heldout': 512, 'teacher': 40_000}
-COPY_DRILLS = ('plain', 'quoted', 'named', 'schema')
-NAMED_REQUESTS = (('What can you tell me about {0}?', '{0}에 대해 알려 주세요.'),
-                  ('Please find the record of {0}.', '{0}의 기록을 찾아 주세요.'),
-                  ('Is {0} mentioned anywhere?', '{0} 관련 정보가 있나요?'))
-NAMED_YEAR_REQUESTS = (('What happened with {0} in {1}?', '{1}년에 {0}에게 무슨 일이 있었나요?'),
-                       ('Show the notes on {0} from {1}.', '{0}의 {1}년 기록을 보여 주세요.'))
-
-
-def made_up_word(rng: random.Random) -> str:
-  """Two or three Hangul syllables, or two to four capitalised Latin ones."""
-  if rng.random() < 0.5:
-    return ''.join(rng.choice(HANGUL_SYLLABLES) for _ in range(rng.randint(2, 3)))
-  return ''.join(rng.choice(LATIN_SYLLABLES) for _ in range(rng.randint(2, 4))).capitalize()
-
-
-def copy_messages(word: str, form: int = 0, quoted: bool = False) -> list[dict]:
-  """The copy drill's conversation (concise mode); `quoted`: the word spelled as in NL2SQL, and `form` 1 puts
-  it at the prompt's start."""
-  shown = nl2sql.spell(word) if quoted else word
-  request = f'{shown}: repeat it' if form else f'Repeat: {shown}'
-  return [{'role': 'user', 'content': request}, {'role': 'assistant', 'response': f'It is {shown}'}]
-
-
-def named_messages(word: str, rng: random.Random) -> list[dict]:
-  """The 'named' drill's conversation (reasoning mode): a request naming `word` (a third of the time a year
-  too), in English or Korean, drawn from `rng`."""
-  year = rng.randint(2010, 2025) if rng.random() < 1 / 3 else None
-  values = [word, year] if year else [word]
-  request = rng.choice(NAMED_YEAR_REQUESTS if year else NAMED_REQUESTS)[rng.randrange(2)]
-  return [{'role': 'user', 'content': request.format(*map(nl2sql.spell, values))},
-          {'role': 'assistant', 'thinking': naming(values), 'response': f'It is {nl2sql.spell(word)}'}]
-
-
-def copy_sources(tokenizer: Tokenizer, *, seed: int = 0, split: str = 'train', count: int | None = None,
-                 drill: str = 'plain') -> tuple[dict[str, list], dict[str, float]]:
-  """({'copy': [...]}, {'copy': 1.0}): `count` (default COPY_COUNTS[split]) rendered copy drills of kind
-  `drill` (COPY_DRILLS), `render_example`'s dicts, each split's words drawn from its own seed."""
-  if drill not in COPY_DRILLS:
-    raise UserError(f'config.sft.copy_drill={drill!r}; expected one of {COPY_DRILLS}')
-  rng, drills = random.Random(f'copy:{seed}:{split}' + ('' if drill == 'plain' else f':{drill}')), []
-  if drill != 'plain':
-    values = nl2sql.value_like(random.Random(f'copy-values:{seed}:{split}'), exclude=nl2sql.student_values(seed))
-    words = (next(values) if rng.random() < 0.5 else made_up_word(rng) for _ in iter(int, 1))
-  if drill == 'schema':
-    questions = nl2sql.drill_questions(rng, words, seed)
-  for _ in range(COPY_COUNTS[split] if count is None else count):
-    if drill == 'plain':
-      messages, mode = copy_messages(made_up_word(rng)), 'concise'
-    elif drill == 'quoted':
-      messages, mode = copy_messages(next(words), form=rng.randrange(2), quoted=True), 'concise'
-    elif drill == 'named':
-      messages, mode = named_messages(next(words), rng), 'reasoning'
-    else:
-      system, question, named = next(questions)
-      messages, mode = [{'role': 'system', 'content': system}, {'role': 'user', 'content': question},
-                        {'role': 'assistant', 'thinking': nl2sql_thinking(named)}], 'reasoning'
-    ids, mask = tokenizer.render(messages, mode)
-    if drill == 'schema':  # up to the thinking's end: the turn would close where a trace calls the SQL tool
-      ids, mask = ids[:-1], mask[:-1]
-    drills.append({'tokens': np.asarray(ids, np.int32), 'loss_mask': np.asarray(mask, np.int32)})
-  return {'copy': drills}, {'copy': 1.0}

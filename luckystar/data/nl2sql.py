@@ -13,7 +13,6 @@ Build the databases (deterministic; a few seconds) with `build_databases(dir)`.
 """
 
 import dataclasses
-import functools
 import os
 import pathlib
 import random
@@ -420,25 +419,6 @@ def spell(value) -> str:
   return text if text.isdigit() else f"'{text}'"
 
 
-def value_like(rng: random.Random, exclude: frozenset[str] = frozenset()) -> Iterator[str]:
-  """Endless values like the databases' open-vocabulary ones (a Korean or English person, or a company),
-  from `rng`'s own fakers, skipping `exclude`: the copy drill's words (`conversations.copy_sources`)."""
-  fake_ko, fake_en = faker.Faker('ko_KR'), faker.Faker('en_US')
-  fake_ko.seed_instance(rng.getrandbits(32))
-  fake_en.seed_instance(rng.getrandbits(32))
-  while True:
-    value = _person(rng, fake_ko, fake_en) if rng.random() < 0.7 else (
-        fake_ko if rng.random() < 0.5 else fake_en).company()
-    if value not in exclude:
-      yield value
-
-
-@functools.lru_cache(maxsize=None)   # the copy drill asks once per split, and building the suite takes seconds
-def student_values(seed: int = 0) -> frozenset[str]:
-  """Every value a question of the student's splits (train, held-out) names."""
-  return frozenset(v for e in suite(seed=seed) if e.split != 'teacher' for v in e.meta['values'])
-
-
 def _format_names(n: dict[str, str]) -> dict[str, str]:
   """Template placeholders: table names as-is; `<x>_col` for columns whose logical name is also a value slot."""
   return {**n, **{f'{k}_col': v for k, v in n.items()}}
@@ -479,33 +459,6 @@ def _questions(name: str, path: pathlib.Path, domain: str, n: dict[str, str], sp
                     'values': [str(v) for v in values.values()]})
   finally:
     conn.close()
-
-
-def drill_questions(rng: random.Random, words: Iterator[str], seed: int = 0
-                    ) -> Iterator[tuple[str, str, list]]:
-  """Endless (system, question, values) in the templates' own wording over the student's training databases,
-  every text value replaced by the next of `words` and numbers drawn as the template draws them: the copy
-  drill's 'schema' form (`conversations.copy_sources`). The question has no query (its values name nothing in
-  the database); templates without a text value are skipped."""
-  train = {name: path for name, path in sorted(build_databases(seed=seed).items())
-           if INSTANCES[int(name.rsplit('_', 1)[1])][0] == 'train'}
-  systems = {name: context(name, path) for name, path in train.items()}
-  conns = {name: sqlite3.connect(f'file:{path}?mode=ro', uri=True) for name, path in train.items()}
-  try:
-    while True:
-      name = rng.choice(list(train))
-      domain, instance = name.rsplit('_', 1)
-      template = rng.choice([t for t in TEMPLATES if t.domain == domain])
-      values = template.values(rng, conns[name], names(domain, int(instance)))
-      if any(v is None for v in values.values()) or not any(isinstance(v, str) for v in values.values()):
-        continue
-      values = {key: next(words) if isinstance(value, str) else value for key, value in values.items()}
-      text = template.en if rng.random() < 0.5 else template.ko
-      yield (systems[name], text.format(**{key: spell(v) for key, v in values.items()}),
-             list(values.values()))
-  finally:
-    for conn in conns.values():
-      conn.close()
 
 
 def suite(db_paths: dict[str, pathlib.Path] | None = None, per_template: int = 30, seed: int = 0
@@ -574,12 +527,12 @@ def _teacher_questions(directory: pathlib.Path, count: int, train_wording: int, 
   for domain in DOMAINS:
     databases = [*((f't{k}', w) for k, w in enumerate(teacher_wordings(domain, count, seed))),
                  *((f's{k}', _NAMING[domain][_TRAIN_VARIANT]) for k in range(train_wording))]
-    examples += _extra_questions(directory, domain, databases, 'teacher', rng, per_template, seed)
+    examples += extra_questions(directory, domain, databases, 'teacher', rng, per_template, seed)
   return dedupe(examples)
 
 
-def _extra_questions(directory: pathlib.Path, domain: str, databases: list[tuple[str, dict[str, str]]], split: str,
-                     rng: random.Random, per_template: int, seed: int) -> list[Example]:
+def extra_questions(directory: pathlib.Path, domain: str, databases: list[tuple[str, dict[str, str]]], split: str,
+                    rng: random.Random, per_template: int, seed: int) -> list[Example]:
   """Questions over databases beyond `INSTANCES`, (label, wording) each, `<dir>/<domain>_<label>/`, each built
   on first use (or when its tables are not the wording's) with rows of its own."""
   examples = []
@@ -590,37 +543,6 @@ def _extra_questions(directory: pathlib.Path, domain: str, databases: list[tuple
       build_database(path, domain, label, seed, naming=wording)
     examples += _questions(name, path, domain, wording, split, rng, per_template)
   return examples
-
-
-# ---- RL-only databases ------------------------------------------------------------------------------
-# The three training databases per domain hold 596 curated questions; RS takes a quarter of them, the cold
-# start's held-out eval (with every question sharing its gold SQL) over half of the rest, and at k = 8 about
-# 1 in 7 of the 216 left has a pass rate in [1/8, 7/8] for the tiny student: RL then trained on 14–31 prompts,
-# learnt them and did not carry to new questions (experiments/cold_start.md). RL-only databases in the
-# training wording, each with rows of its own (people, companies, places, dates), give RL as many prompts as
-# it asks for, whose values no SFT row had: `rloo.prompt_pool` adds them with
-# `config.rlvr.nl2sql_rl_databases`; never RS prompts nor the eval's. They need a student that copies values
-# from the question: the tiny one had a correct rollout at k = 8 on 3 of 280 (16 of 104 on the training
-# databases, whose rows its traces showed).
-
-RL_ONLY = 'rl_only'
-
-
-def rl_suite(directory: str | pathlib.Path | None = None, *, count: int, per_template: int = 6, seed: int = 0
-             ) -> list[Example]:
-  """Questions (split 'train', `meta[RL_ONLY]`) over `count` RL-only databases per domain in the training
-  split's wording, `<dir>/<domain>_r<k>/`; question texts of every student split and of the teacher's suite
-  are dropped, so no RL-only prompt is one the SFT, the teacher or the held-out eval has."""
-  directory = pathlib.Path(directory or default_dir())
-  taken = {e.prompt for e in suite(build_databases(directory, seed), seed=seed)}   # every student split's
-  taken |= {e.prompt for e in _teacher_questions(directory, TEACHER_WORDINGS, TEACHER_TRAIN_WORDING,
-                                                 TEACHER_PER_TEMPLATE, seed)}   # and the teacher's
-  rng = random.Random(f'nl2sql-rl-questions:{seed}')
-  examples = []
-  for domain in DOMAINS:
-    databases = [(f'r{k}', _NAMING[domain][_TRAIN_VARIANT]) for k in range(count)]
-    examples += _extra_questions(directory, domain, databases, 'train', rng, per_template, seed)
-  return [dataclasses.replace(e, meta={**e.meta, RL_ONLY: True}) for e in dedupe(examples) if e.prompt not in taken]
 
 
 # ---- curation (DESIGN §5) ----------------------------------------------------------------------

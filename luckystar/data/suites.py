@@ -24,13 +24,6 @@ def _curated(examples: list[Example]) -> list[Example]:
   return nl2sql.curate(examples, lambda text: len(tokenizer.encode(text)))[0]
 
 
-@functools.lru_cache(maxsize=None)
-def nl2sql_rl_only(count: int, *, seed: int = 0) -> tuple[Example, ...]:
-  """Curated RL-only NL2SQL questions over `count` extra training-wording databases per domain
-  (`nl2sql.rl_suite`), built on first use under `nl2sql.default_dir()`."""
-  return tuple(_curated(nl2sql.rl_suite(count=count, seed=seed))) if count else ()
-
-
 def load(task: str, split: str | None = None, *, seed: int = 0, db_dir: str | pathlib.Path | None = None,
          curate: bool = True) -> list[Example]:
   """Examples of one task (all splits when `split` is None). NL2SQL databases are built on first use

@@ -7,28 +7,25 @@ Config (`config.sft`): `seq_len` (packed row length), `mixture` (source → weig
 ('conversations': `luckystar.data.conversations.sft_sources`, train split for training and the
 heldout split for `eval/*`; 'base': `conversations.base_sources`, the concise-only mixture that
 makes `tiny-base`; 'teacher': `conversations.teacher_sources`, the rejection-sampling teacher's
-mixture from the teacher split; both take the copy drill as a source 'copy' where `mixture` weighs it; 'copy':
-`conversations.copy_sources`, the copy drill alone, a phase to start a run from; 'synthetic': a
-tiny learnable token task for smoke tests),
+mixture from the teacher split; 'synthetic': a tiny learnable token task for smoke tests; any other
+name: data an experiment registered, `luckystar.data.sources`; a `mixture` key the data lacks is the
+registered data of that name as one source),
 `rs_traces` (a `rs_traces.jsonl` of the rejection_sampling stage whose traces join the train split's
 'reasoning' source of the 'conversations' data; '' = none),
 `eval_examples_per_source` (a fixed sample of held-out conversations per source; 0 = no eval).
 """
 
 import functools
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
-import grain
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
 from luckystar import errors
-from luckystar import model
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations
 from luckystar.data import pipeline
+from luckystar.data import sources as sources_lib
 from luckystar.data.examples import SPLITS
 from luckystar.engine import evals
 from luckystar.engine import logprobs
@@ -58,6 +55,7 @@ def synthetic_sources(seed: int, split: str, *, vocab_size: int, per_source: int
   return sources
 
 
+DATA = ('conversations', 'teacher', 'base', 'synthetic')   # config.sft.data built in; others: registered
 RS_SOURCE = 'rs'  # config.sft.mixture key of the rejection-sampled traces as a source of their own
 
 
@@ -67,7 +65,7 @@ def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vo
   `config.sft.mixture` (when set) overrides the weights."""
   if config.sft.get('rs_traces', '') and config.sft.data != 'conversations':
     raise errors.UserError(f'config.sft.rs_traces={config.sft.rs_traces!r} joins the "conversations" data '
-                               f'only, not config.sft.data={config.sft.data!r}; set it to "" or change the data')
+                           f'only, not config.sft.data={config.sft.data!r}; set it to "" or change the data')
   if not 0 <= (fraction := config.sft.get('chat_tool_fraction', conversations.CHAT_TOOL_FRACTION)) <= 1:
     raise errors.UserError(f'config.sft.chat_tool_fraction={fraction!r}; expected a share in [0, 1]')
   if config.sft.data == 'synthetic':
@@ -84,7 +82,7 @@ def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vo
     own_source = RS_SOURCE in (config.sft.mixture or {})
     if own_source and split == 'train' and not extra:
       raise errors.UserError(f'config.sft.mixture gives the {RS_SOURCE!r} source a weight, but '
-                                 f'config.sft.rs_traces={rs_traces!r} has no traces')
+                             f'config.sft.rs_traces={rs_traces!r} has no traces')
     raw, weights = conversations.sft_sources(tokenizer, seed=config.seed, split=split,
                                              extra_reasoning=() if own_source else extra,
                                              thinking_language=thinking, chat_tool_fraction=fraction)
@@ -95,23 +93,22 @@ def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vo
                     if split == 'train' else
                     conversations.sft_sources(tokenizer, seed=config.seed, split=split, chat_tool_fraction=fraction,
                                               reasoning_tasks=conversations.TEACHER_REASONING_TASKS))
-  elif config.sft.data == 'copy':  # the copy drill; held-out: new draws
-    raw, weights = conversations.copy_sources(tokenizer, seed=config.seed, split=split, drill=config.sft.copy_drill)
   elif config.sft.data == 'base':
     raw, weights = conversations.base_sources(tokenizer, seed=config.seed, split=split)
+  elif config.sft.data in sources_lib.sft_names():
+    raw, weights = sources_lib.sft(config.sft.data, tokenizer, seed=config.seed, split=split)
   else:
-    raise ValueError(f'config.sft.data={config.sft.data!r}; expected "conversations", "teacher", "copy", "base" '
-                     'or "synthetic"')
-  if config.sft.data in ('conversations', 'teacher') and 'copy' in (config.sft.mixture or {}):
-    # The copy drill (data 'copy') as a source of its own, to keep up a copy phase the run starts from;
-    # rendered only when config.sft.mixture gives it a weight (an empty source otherwise).
-    raw['copy'] = conversations.copy_sources(tokenizer, seed=config.seed, split=split, drill=config.sft.copy_drill
-                                             )[0]['copy'] if config.sft.mixture.copy else []
+    raise errors.UserError(f'config.sft.data={config.sft.data!r}; expected one of {DATA} or a registered data '
+                           f'source {sources_lib.sft_names()} (luckystar.data.sources)')
   if config.sft.mixture:
     weights = dict(config.sft.mixture)
+    for name in sorted((set(weights) - set(raw)) & set(sources_lib.sft_names())):
+      # A registered data set as one source of this mixture, rendered only when the mixture gives it a weight.
+      built = sources_lib.sft(name, tokenizer, seed=config.seed, split=split)[0] if weights[name] else {}
+      raw[name] = [item for items in built.values() for item in items]
     if set(weights) != set(raw):
-      raise ValueError(f'config.sft.mixture names {sorted(weights)} but the {config.sft.data!r} data has '
-                       f'sources {sorted(raw)}')
+      raise errors.UserError(f'config.sft.mixture names {sorted(weights)} but the {config.sft.data!r} data has '
+                             f'sources {sorted(raw)}')
   return raw, weights
 
 
@@ -122,7 +119,7 @@ def check_seq_len(raw: Mapping[str, Sequence], seq_len: int, probe: int = 64) ->
     if items and not any(pipeline.encode(item)['loss_mask'][1:seq_len].any() for item in items[:probe]):
       longest = max(len(pipeline.encode(item)['tokens']) for item in items[:probe])
       raise errors.UserError(f'config.sft.seq_len={seq_len} cuts the {name!r} source\'s conversations '
-                                 f'(up to {longest} tokens) before their first trained token; raise it')
+                             f'(up to {longest} tokens) before their first trained token; raise it')
 
 
 

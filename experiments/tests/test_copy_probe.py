@@ -1,26 +1,23 @@
 """The copy drill: experiments/copy_probe.py's rows mark exactly the copied word's tokens, and
-`conversations.copy_sources` (the copy phase before the teacher) trains on replies that hold the prompt's word."""
+`cold_start_data.copy_sources` (the copy phase before the teacher) trains on replies that hold the prompt's word."""
 
-import pathlib
 import random
 import re
-import sys
 
 import numpy as np
 import pytest
 
-from luckystar import errors
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations, nl2sql
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / 'experiments'))
-import copy_probe  # noqa: E402
+import cold_start_data
+import copy_probe
 
 
 def test_rows_mark_the_word_and_its_tokens_are_the_prompts():
   tokenizer = tokenizer_lib.default()
   rng = random.Random(0)
-  words = [conversations.made_up_word(rng) for _ in range(32)]
+  words = [cold_start_data.made_up_word(rng) for _ in range(32)]
   assert len(set(words)) > 28 and any(w[0] >= '가' for w in words) and any(w[0] < 'z' for w in words)
   rows = copy_probe.batch(tokenizer, words)
   for i, word in enumerate(words):
@@ -33,17 +30,17 @@ def test_rows_mark_the_word_and_its_tokens_are_the_prompts():
 
 def test_copy_sources_are_the_probes_drill_with_new_words_per_split():
   tokenizer = tokenizer_lib.default()
-  sources, weights = conversations.copy_sources(tokenizer, seed=0, split='heldout', count=64)
+  sources, weights = cold_start_data.copy_sources(tokenizer, seed=0, split='heldout', count=64)
   assert weights == {'copy': 1.0} and len(sources['copy']) == 64
   words = []
   for item in sources['copy']:
     tokens, mask = item['tokens'].tolist(), item['loss_mask'].astype(bool)
     response = tokenizer.parse_assistant([t for t, m in zip(tokens, mask) if m]).response
     words.append(response.removeprefix('It is '))
-    assert tokens == tokenizer.render(conversations.copy_messages(words[-1]), 'concise')[0]
+    assert tokens == tokenizer.render(cold_start_data.copy_messages(words[-1]), 'concise')[0]
   assert len(set(words)) > 60
-  again, _ = conversations.copy_sources(tokenizer, seed=0, split='heldout', count=64)
-  other, _ = conversations.copy_sources(tokenizer, seed=0, split='train', count=64)
+  again, _ = cold_start_data.copy_sources(tokenizer, seed=0, split='heldout', count=64)
+  other, _ = cold_start_data.copy_sources(tokenizer, seed=0, split='train', count=64)
   assert all(np.array_equal(a['tokens'], b['tokens']) for a, b in zip(sources['copy'], again['copy']))
   assert sum(np.array_equal(a['tokens'], b['tokens']) for a, b in zip(sources['copy'], other['copy'])) < 4
 
@@ -52,28 +49,29 @@ def test_the_quoted_drill_spells_words_as_nl2sql_and_never_copies_a_student_valu
   """The teacher's drill: quoted as questions and queries quote values, in both prompt forms, half its words
   database-like values, none of them a value a student question names."""
   tokenizer = tokenizer_lib.default()
-  sources, _ = conversations.copy_sources(tokenizer, seed=0, split='train', count=400, drill='quoted')
-  student, forms, words = nl2sql.student_values(0), set(), []
+  sources, _ = cold_start_data.copy_sources(tokenizer, seed=0, split='train', count=400, drill='quoted')
+  student, forms, words = cold_start_data.student_values(0), set(), []
   for item in sources['copy']:
     tokens, mask = item['tokens'].tolist(), item['loss_mask'].astype(bool)
     shown = tokenizer.parse_assistant([t for t, m in zip(tokens, mask) if m]).response.removeprefix('It is ')
     assert shown.startswith("'") and shown.endswith("'")
     words.append(word := shown[1:-1])
-    form = next(f for f in (0, 1) if tokens == tokenizer.render(conversations.copy_messages(word, f, True), 'concise')[0])
+    form = next(f for f in (0, 1)
+                if tokens == tokenizer.render(cold_start_data.copy_messages(word, f, True), 'concise')[0])
     forms.add(form)
   assert forms == {0, 1} and len(set(words)) > 390 and not student & set(words)
-  made_up = lambda w: set(w) <= set(conversations.HANGUL_SYLLABLES) or w.isascii() and w.isalpha()
+  made_up = lambda w: set(w) <= set(cold_start_data.HANGUL_SYLLABLES) or w.isascii() and w.isalpha()
   assert 150 < sum(not made_up(w) for w in words) < 250   # people and companies: not made of the drill's syllables
-  with pytest.raises(errors.UserError, match="config.sft.copy_drill='fancy'"):
-    conversations.copy_sources(tokenizer, count=1, drill='fancy')
+  with pytest.raises(ValueError, match="copy drill 'fancy'"):
+    cold_start_data.copy_sources(tokenizer, count=1, drill='fancy')
 
 
 def test_the_named_drill_thinks_the_nl2sql_traces_first_line_about_its_own_words():
   """The student's drill: reasoning mode, the thinking line an NL2SQL trace opens with, naming exactly the
   request's quoted word (and year), in both languages, never a student value."""
   tokenizer = tokenizer_lib.default()
-  sources, _ = conversations.copy_sources(tokenizer, seed=0, split='train', count=300, drill='named')
-  student, words, languages, years = nl2sql.student_values(0), [], set(), 0
+  sources, _ = cold_start_data.copy_sources(tokenizer, seed=0, split='train', count=300, drill='named')
+  student, words, languages, years = cold_start_data.student_values(0), [], set(), 0
   for item in sources['copy']:
     tokens, mask = item['tokens'].tolist(), item['loss_mask'].astype(bool)
     reply = tokenizer.parse_assistant([t for t, m in zip(tokens, mask) if m])
@@ -96,8 +94,8 @@ def test_the_schema_drill_names_its_questions_values_behind_a_training_databases
   question naming new (never a student's) values, and the row stops at the thinking's end, trained only on
   the thinking: the trace's own `nl2sql_thinking` of exactly the question's values."""
   tokenizer = tokenizer_lib.default()
-  sources, _ = conversations.copy_sources(tokenizer, seed=0, split='train', count=200, drill='schema')
-  student = nl2sql.student_values(0)
+  sources, _ = cold_start_data.copy_sources(tokenizer, seed=0, split='train', count=200, drill='schema')
+  student = cold_start_data.student_values(0)
   train_systems = {e.system for e in nl2sql.suite() if e.split == 'train'}
   end_thinking = tokenizer.special_ids[tokenizer_lib.SECTION_TOKENS['thinking'][1]]
   systems, languages, words = set(), set(), []

@@ -1,13 +1,10 @@
 """experiments/cold_start_probe.py's grouping: a question's template and whether RL's prompts name its values."""
 
-import pathlib
-import sys
 import types
 
 from luckystar.data import nl2sql, suites
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / 'experiments'))
-import cold_start_probe  # noqa: E402
+import cold_start_probe
 
 
 def test_template_and_value_coverage():

@@ -1,10 +1,11 @@
 """Rejection sampling from the teacher: the cold-start SFT data (DESIGN §5, paper §2.3).
 
+    python -m luckystar.main --config=configs/sft.py:teacher --workdir=/tmp/luckystar-teacher   # the teacher first
     python -m luckystar.main --config=configs/rejection_sampling.py --workdir=/tmp/luckystar-rs
     python -m luckystar.main --config=configs/sft.py --workdir=/tmp/luckystar-sft \
         --config.sft.rs_traces=/tmp/luckystar-rs/rs_traces.jsonl      # the traces join hybrid SFT
 
-Best-of-8 at temperature 1.0 from `teacher` (`configs/sft.py:teacher`: `tiny-base` with a full
+Best-of-8 at temperature 1.0 from the teacher (`configs/sft.py:teacher`: `tiny-base` with a full
 512-token attention window, trained 800 steps on the teacher split's own databases and questions plus
 32 mixed-wording and 16 training-wording teacher databases per domain) over the student's RS-only train
 prompts: every NL2SQL prompt in both languages (144) and Korean math of difficulty 2 (238), the SQL run in the
@@ -12,11 +13,8 @@ sandbox. Keeps every verified-correct trace, deduplicated; for Korean prompts on
 with a Korean response. Writes rs_traces.jsonl, rs_stats.json and rs_stats.md (pass@1 and pass@8 per
 task and language, kept traces per prompt, drops by the Korean language filter); re-running on the
 same workdir reuses them.
-No `teacher` is bundled (a copy phase and the teacher take ~40 min on 2 CPU cores): pass
---config.init_from=<teacher run dir>, or run `configs/pipeline.py:cold_start`, which trains it first.
-Measured there (experiments/cold_start.md, NL2SQL prompts only, 7 min): pass@1 8.5%, pass@8 27.8% (40 of 144
-prompts, 96 traces kept; English 34.3%, Korean 21.6%); it reads the table and column names right in most
-queries, and copies a question's (quoted) values only some of the time.
+No teacher is bundled: train it first (above), or point --config.init_from at another teacher run dir.
+Expected with that teacher (NL2SQL prompts only): ~7 min, pass@8 about a third (experiments/cold_start.md).
 
 `:smoke` (tests): an untrained `tiny` teacher, 1 prompt per task × 2 samples of ≤ 16 tokens; it
 keeps nothing, but runs every step and writes every file.
@@ -27,7 +25,7 @@ from luckystar import config as config_lib
 
 def get_config(arg=None):
   config = config_lib.base('rejection_sampling')
-  config.init_from = 'teacher'          # bundled name, run dir or HF dir; 'random:<size>' for smoke tests
+  config.init_from = '/tmp/luckystar-teacher'   # the teacher's run dir (or an HF dir); 'random:<size>': smoke
   config.sampling.temperature = 1.0     # best-of-N needs diverse samples
   config.sampling.max_new_tokens = 256  # thinking + SQL call + tool result + answer fit with room
   config.rejection_sampling.tasks = ('nl2sql', 'math')

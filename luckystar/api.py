@@ -1,5 +1,5 @@
 """The notebook-facing surface (DESIGN §8): `luckystar.load(...)` → `Model`."""
 
-from luckystar.engine.loading import Generation, Model, load
+from luckystar.engine.loading import BUNDLED_DIR, BUNDLED_MODELS, Generation, Model, load
 
-__all__ = ['Generation', 'Model', 'load']
+__all__ = ['BUNDLED_DIR', 'BUNDLED_MODELS', 'Generation', 'Model', 'load']

@@ -9,7 +9,7 @@ import jax
 import ml_collections
 
 from luckystar import errors
-from luckystar.engine import checkpoint
+from luckystar.engine import artifacts, checkpoint
 
 # config.stage → luckystar/stages/<stage>.py with `run(config, workdir)`, imported by name when it runs (main,
 # the pipeline stage), so that no stage imports another.
@@ -37,29 +37,22 @@ def save(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> None
   path = pathlib.Path(workdir) / 'config.json'
   text = config.to_json_best_effort(indent=2) + '\n'
   if path.is_file() and checkpoint.latest_step(workdir) is not None:
-    saved, new = _flat(json.loads(path.read_text())), _flat(json.loads(text))
+    saved, new = flatten(json.loads(path.read_text())), flatten(json.loads(text))
     if differ := sorted(key for key in saved.keys() | new.keys() if saved.get(key, '<absent>') != new.get(
         key, '<absent>') and key.split('.')[0] not in RESUME_MAY_CHANGE):
       raise errors.UserError(f'{workdir} holds checkpoints of a run with another config ({", ".join(differ[:6])} differ: '
-                      f'{ {key: saved.get(key, "<absent>") for key in differ[:6]} } there); a re-run resumes it, so '
-                      f'only {", ".join(RESUME_MAY_CHANGE)} may change. Use a new --workdir, or delete {path.parent} '
-                      f'to start over')
+                             f'{ {key: saved.get(key, "<absent>") for key in differ[:6]} } there); a re-run resumes it, so '
+                             f'only {", ".join(RESUME_MAY_CHANGE)} may change. Use a new --workdir, or delete {path.parent} '
+                             f'to start over')
   if jax.process_index() == 0:
-    write_atomically(path, text)
+    artifacts.write_atomically(path, text)
 
 
-def write_atomically(path: pathlib.Path, text: str) -> None:
-  """`text` to `path` through a temporary file beside it: a crash leaves the old file or the new one, whole."""
-  tmp = path.with_name(path.name + '.tmp')
-  tmp.write_text(text, encoding='utf-8')
-  tmp.replace(path)
-
-
-def _flat(tree: dict, prefix: str = '') -> dict:
+def flatten(tree: dict, prefix: str = '') -> dict:
   """Nested dicts as {'a.b': value}."""
   flat = {}
   for key, value in tree.items():
-    flat.update(_flat(value, f'{prefix}{key}.') if isinstance(value, dict) else {f'{prefix}{key}': value})
+    flat.update(flatten(value, f'{prefix}{key}.') if isinstance(value, dict) else {f'{prefix}{key}': value})
   return flat
 
 

@@ -57,12 +57,12 @@ def test_load_errors_name_the_path(tmp_path):
     luckystar.load(tmp_path)
 
 
-def test_bundled_names_that_are_not_built_yet_say_so():
+def test_every_bundled_name_ships_and_no_other_name_is_reserved():
   from luckystar import api
-  for name in api.BUNDLED_MODELS:
-    if not (api.BUNDLED_DIR / name).is_dir():
-      with pytest.raises(FileNotFoundError, match='not built yet'):
-        luckystar.load(name)
+  assert all((api.BUNDLED_DIR / name).is_dir() for name in api.BUNDLED_MODELS)
+  with pytest.raises(FileNotFoundError, match="teacher: no such bundled model or directory; bundled models: "
+                                              r"\('tiny-base', 'tiny-sft', 'tiny-rlvr'\)"):
+    luckystar.load('teacher')
 
 
 @pytest.fixture(scope='module')

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 import main_runs
-from luckystar import config as config_lib
 from luckystar import errors
 from luckystar import model
 from luckystar import sampling

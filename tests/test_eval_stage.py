@@ -9,6 +9,7 @@ import pytest
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import bfcl, champ
 from luckystar.data import instruction_following
+from luckystar.engine import evals
 from luckystar.stages import eval as eval_run
 from luckystar.rewards import function_call
 
@@ -37,22 +38,22 @@ def test_bfcl_gold_answers_as_model_output_score_100_percent(wrong):
   assert {e.meta['category'] for e in examples} == {'simple_python', 'multiple', 'parallel'}
   assert len(examples) == sum(len(bfcl.load(c)) for c in settings.bfcl_categories)
   tok = tokenizer_lib.default()
-  results = eval_run.evaluate(eval_run.text_respond(_bfcl_oracle(examples, wrong=wrong), tok), tok, settings,
+  results = eval_run.evaluate(evals.text_respond(_bfcl_oracle(examples, wrong=wrong), tok), tok, settings,
                               progress=False)
   metrics = results['suites']['bfcl']['concise']
   expected = 0.0 if wrong else 1.0
   assert metrics['unscorable'] == 0 and metrics['examples'] == len(examples)
-  for key in ('accuracy', 'accuracy/simple_python', 'accuracy/multiple', 'accuracy/parallel'):
+  for key in ('correctness', 'correctness/simple_python', 'correctness/multiple', 'correctness/parallel'):
     assert metrics[key] == expected, key
 
 
 def test_parse_text_reads_our_section_markers():
   thinking, response = tokenizer_lib.SECTION_TOKENS['thinking'], tokenizer_lib.SECTION_TOKENS['response']
-  turn, actions = eval_run.parse_text(f'{thinking[0]}2+3=5{thinking[1]}{response[0]}5입니다.{response[1]}')
+  turn, actions = evals.parse_text(f'{thinking[0]}2+3=5{thinking[1]}{response[0]}5입니다.{response[1]}')
   assert (turn.thinking, turn.response, actions) == ('2+3=5', '5입니다.', [])
-  turn, actions = eval_run.parse_text(f'{START_ACTION}{{"a": 1}}{END_ACTION}{START_ACTION}[]{END_ACTION}')
+  turn, actions = evals.parse_text(f'{START_ACTION}{{"a": 1}}{END_ACTION}{START_ACTION}[]{END_ACTION}')
   assert actions == ['{"a": 1}', '[]'] and turn.response is None
-  assert eval_run.parse_text('plain text') == (tokenizer_lib.AssistantTurn(response='plain text', ended=True), [])
+  assert evals.parse_text('plain text') == (tokenizer_lib.AssistantTurn(response='plain text', ended=True), [])
 
 
 def test_pass_at_k_is_the_unbiased_estimator():
@@ -105,7 +106,7 @@ def test_the_eval_stage_writes_report_results_and_plots(tmp_path):
     assert set(results['suites'][name]) == {'reasoning', 'concise'}
   assert 'pass_at_2' in results['suites']['math']['reasoning']
   assert 0 <= results['overall']['reasoning']['response_length'] <= 24
-  for chart in ('accuracy', 'response_length', 'language_mismatch', 'pass_at_k'):
+  for chart in ('correctness', 'response_length', 'language_mismatch', 'pass_at_k'):
     assert (tmp_path / 'plots' / f'{chart}.png').stat().st_size > 0
   row, = [json.loads(line) for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
-  assert row['step'] == 0 and 'eval/chat/concise/accuracy' in row
+  assert row['step'] == 0 and 'eval/chat/concise/correctness' in row

@@ -76,7 +76,6 @@ def test_korean_mismatch_rate_reads_responses_as_the_verdict_does():
   """A Korean prompt answered only with values copied from the tool has no language: it leaves the
   denominator, as it leaves the penalty."""
   from luckystar.data.examples import Example
-  from luckystar.stages import eval as run
   from luckystar.rewards import reward
   from luckystar.tokenizer import AssistantTurn
   example = Example(id='q', task='chat', language='ko', split='heldout', prompt='가장 많이 팔린 제품 두 개는 무엇인가요?',
@@ -84,7 +83,7 @@ def test_korean_mismatch_rate_reads_responses_as_the_verdict_does():
   result = 'product\nWireless Mouse\nOffice Chair\n(2 rows)'
 
   def reply(response, tool_results):
-    reply = run.TextReply(final_turn=AssistantTurn(response=response, ended=True), actions=[],
+    reply = core.TextReply(final_turn=AssistantTurn(response=response, ended=True), actions=[],
                           loss_mask=np.ones(3), tool_results=tool_results)
     return example, reply, reward.score(example, reply.final_turn, tool_results=tool_results)
 

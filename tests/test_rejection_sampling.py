@@ -129,7 +129,7 @@ def test_rs_prompts_are_disjoint_from_rlvr_heldout_and_teacher_prompts(tok):
   texts = {e.prompt for e in chosen}
   # RLVR's own prompt pool (train split minus rs_only), every length admitted.
   rlvr = rloo.prompt_pool(types.SimpleNamespace(tasks=config.rejection_sampling.tasks, max_prompt_tokens=10**9,
-                                                nl2sql_rl_databases=0),
+                                                extra_prompts=()),
                           'train', tok, seed=config.seed)
   assert rlvr and not texts & {e.prompt for e in rlvr}
   for split in ('heldout', 'teacher'):
@@ -278,7 +278,7 @@ def test_smoke_run_with_a_random_teacher_writes_its_files_and_a_rerun_reuses_the
   config = _config('rejection_sampling', 'smoke')
   rs.run(config, str(tmp_path))
   stats = json.loads((tmp_path / rs.STATS_FILE).read_text())
-  assert stats['settings']['samples_per_prompt'] == 2 and stats['groups']['all']['samples'] == 4
+  assert stats['fingerprint']['samples_per_prompt'] == 2 and stats['groups']['all']['samples'] == 4
   assert set(stats['groups']['all']) >= {'pass@1', 'pass@N', 'prompts_with_kept_trace', 'kept_per_prompt_mean',
                                          'kept_per_prompt_max', 'dropped_by_language_filter'}
   assert (tmp_path / rs.TRACES_FILE).is_file() and (tmp_path / rs.REPORT_FILE).is_file()

@@ -6,9 +6,10 @@ import jax
 import numpy as np
 import pytest
 
+from luckystar import errors
 from luckystar import model
+from luckystar.engine import logprobs, rollouts
 from luckystar.stages import rlvr as rloo
-from luckystar.engine import rollouts
 
 
 def test_design_vector_k8_three_correct():
@@ -130,7 +131,6 @@ def test_clipping_and_kl(tiny):
 def test_scoring_only_generated_columns_is_exact(tiny):
   """training_batch's score_columns project onto the vocabulary at generated tokens only: the loss,
   its metrics and its gradient equal the full projection's."""
-  from luckystar.stages import sft
   config, params = tiny
   batch = _batch(config)
   token_lps = np.asarray(logprobs.token_logprobs(config, params, batch, temperature=1.0)[0])
@@ -210,8 +210,6 @@ def test_allocate_hands_a_short_groups_share_to_the_others():
 def test_eval_set_keeps_its_size_when_a_group_runs_short():
   """Chat has 62 held-out prompts: a chat-heavy RL mix still gets `count` prompts, the rest from the
   other groups in proportion, and more than the split holds is a config error."""
-  from luckystar import config as config_lib
-  from luckystar import errors
   from luckystar.data import suites
   selected = suites.load('chat', 'train')[:90] + suites.load('math', 'train')[:10]
   heldout = suites.load('chat', 'heldout') + suites.load('math', 'heldout')
@@ -223,7 +221,6 @@ def test_eval_set_keeps_its_size_when_a_group_runs_short():
 
 
 def test_selection_candidates_per_task_budget():
-  from luckystar import config as config_lib
   from luckystar.data import suites
   pool = suites.load('math', 'train')[:200] + suites.load('korean_mc', 'train')[:50]
   chosen = rloo.selection_candidates(pool, {'math': 10, 'korean_mc': 70}, seed=0)
@@ -236,21 +233,22 @@ def test_selection_candidates_per_task_budget():
     rloo.selection_candidates(pool, {'nl2sql': 4}, seed=0)
 
 
-def test_train_eval_set_is_reserved_before_selection():
+def test_train_eval_set_is_reserved_before_selection(monkeypatch):
   """eval_split='train' (the NL2SQL cold start): new questions over the training databases. The eval set is
   drawn first from pool prompts whose gold SQL no RS prompt has, and every pool prompt that shares its gold SQL
   (the three training databases per domain share one wording; the English and Korean question share their SQL)
   leaves RL's pool, so prompt selection may measure all the rest; a reserved eval set is part of the selection
-  cache's fingerprint. RL-only prompts (`nl2sql_rl_databases`) join RL's pool, never the eval set. The held-out
-  split is the default and anything else a config error."""
+  cache's fingerprint. Registered extra prompts (`extra_prompts`, `luckystar.data.sources`) join RL's pool, never
+  the eval set, and enter the fingerprint only when set. The held-out split is the default and anything else a
+  config error."""
+  import dataclasses
   import ml_collections
-  from luckystar import config as config_lib
   from luckystar import tokenizer as tokenizer_lib
-  from luckystar.data import nl2sql, suites
+  from luckystar.data import sources, suites
   from luckystar.data.examples import rs_only
   config = ml_collections.ConfigDict(dict(seed=0, init_from='tiny-sft', sampling=dict(temperature=1.0), rlvr=dict(
       tasks=('nl2sql',), max_prompt_tokens=384, selection_prompts={'nl2sql': 48}, selection_samples=8,
-      select_pass_rate=(0.125, 0.875), eval_prompts=96, eval_split='train', nl2sql_rl_databases=0)))
+      select_pass_rate=(0.125, 0.875), eval_prompts=96, eval_split='train', extra_prompts=())))
   tok = tokenizer_lib.default()
   pool = rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
   heldout, rest = rloo.reserve_eval(config, tok, pool)
@@ -262,17 +260,28 @@ def test_train_eval_set_is_reserved_before_selection():
   share = lambda examples: sum(e.language == 'ko' for e in examples) / len(examples)
   assert abs(share(heldout) - share(pool)) <= 1 / 96 + 1e-9                      # the pool's language mix
   assert {e.split for e in heldout} == {'train'}
-  config.rlvr.nl2sql_rl_databases = 1
+  # An experiment's prompts: questions over other databases (here the held-out split's, as train prompts).
+  extra = [dataclasses.replace(e, id=f'extra-{e.id}', split='train') for e in suites.load('nl2sql', 'heldout')[:16]]
+  monkeypatch.setattr(sources, '_PROMPTS', dict(sources._PROMPTS))   # registrations end with the test
+  sources.register_prompts('extra', lambda seed: extra)
+  without = rloo._fingerprint(config)
+  assert 'extra_prompts' not in without                            # a run without them keeps its cached selection
+  config.rlvr.extra_prompts = ('extra',)
   bigger = rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
-  rl_only = [e for e in bigger if e.meta.get(nl2sql.RL_ONLY)]
+  extra_ids = {e.id for e in extra}
+  rl_only = [e for e in bigger if e.id in extra_ids]
   assert rl_only and bigger == pool + rl_only
+  assert not extra_ids & {e.id for e in rloo.prompt_pool(config.rlvr, 'heldout', tok, seed=0)}   # train only
   same_heldout, bigger_rest = rloo.reserve_eval(config, tok, bigger)
   assert same_heldout == heldout                                   # the eval set stays on the training databases
   fresh = [e for e in rl_only if e.answer not in {h.answer for h in heldout}]
-  assert fresh and [e for e in bigger_rest if e.meta.get(nl2sql.RL_ONLY)] == fresh
-  fingerprint = rloo._fingerprint(config)
-  config.rlvr.nl2sql_rl_databases = 0
-  assert rloo._fingerprint(config) != fingerprint                                # other RL-only databases
+  assert fresh and [e for e in bigger_rest if e.id in extra_ids] == fresh
+  assert rloo._fingerprint(config) != without                                    # other extra prompts
+  config.rlvr.extra_prompts = ('missing',)
+  with pytest.raises(errors.UserError, match=r"config.rlvr.extra_prompts names \['missing'\].*'extra'"):
+    rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
+  config.rlvr.extra_prompts = ()
+  assert rloo._fingerprint(config) == without
   fingerprint = rloo._fingerprint(config)
   config.rlvr.eval_prompts = 64
   assert rloo._fingerprint(config) != fingerprint                                # another reserve, another pool

@@ -12,7 +12,7 @@ from luckystar import model
 from luckystar import sampling
 from luckystar.model import sharding
 from luckystar.engine import logprobs
-from luckystar.stages import dpo, rlvr as rloo, sft
+from luckystar.stages import dpo, rlvr as rloo
 from luckystar.engine import optim
 from luckystar.engine import state as state_lib
 from luckystar.engine import step as step_lib

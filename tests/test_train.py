@@ -11,12 +11,13 @@ import ml_collections
 import numpy as np
 import pytest
 
-from luckystar.model import sharding
+from luckystar import errors
 from luckystar.engine import checkpoint
 from luckystar.engine import metrics
 from luckystar.engine import optim
 from luckystar.engine import state as state_lib
 from luckystar.engine import step as step_lib
+from luckystar.model import sharding
 
 FEATURES = 4
 
@@ -198,7 +199,6 @@ def test_metrics_resume_drops_rows_after_the_restored_step_and_plots(tmp_path):
 
 def test_keep_checkpoints_below_one_is_a_config_error_before_any_checkpoint_is_touched(tmp_path):
   """keep=0 made orbax delete every checkpoint (a re-run started over from step 0); -1 failed deep in orbax."""
-  from luckystar import errors
   for keep in (0, -1):
     with pytest.raises(errors.UserError, match=f'config.keep_checkpoints={keep} keeps no checkpoint'):
       checkpoint.manager(tmp_path, keep=keep)
@@ -213,7 +213,6 @@ def _metrics_file(tmp_path, last_line):
 
 
 def test_metrics_resume_drops_a_cut_short_last_row_and_names_other_bad_lines(tmp_path, caplog):
-  from luckystar import config as config_lib
   path = _metrics_file(tmp_path, '{"step": 5, "train/lo')
   with pytest.raises(errors.UserError, match=f'^{path}:6: not a metrics row'):
     metrics.read(tmp_path)
@@ -248,7 +247,6 @@ def test_metrics_resume_rewrite_is_atomic(tmp_path, monkeypatch):
 def test_model_overrides_replace_model_config_fields_at_init():
   """config.model_overrides (e.g. a longer sliding window for the NL2SQL teacher) reaches random and loaded inits;
   a name that is not a ModelConfig field is a config error naming the key."""
-  from luckystar import config as config_lib
   config, params = state_lib.initial_model('random:tiny', ml_collections.ConfigDict(dict(sliding_window=512)))
   assert config.sliding_window == 512 and params is None
   config, params = state_lib.initial_model('tiny-base', {'sliding_window': 512})

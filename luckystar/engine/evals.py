@@ -1,8 +1,9 @@
-"""Held-out correctness per task and language, in both modes (DESIGN §8 `eval/*` metrics).
+"""Held-out evaluation, the one engine every stage's `eval/*` figures and the eval stage use (DESIGN §8).
 
-Greedy decoding (or `Settings.samples` draws per prompt at `Settings.temperature`, whose mean
-correctness is pass@1 at that temperature), the tool loop on (NL2SQL runs its SQL in the sandbox, math may call the calculator), scored by
-`rewards.reward.score`. Metric names, for mode m in (reasoning, concise):
+A `Respond` turns examples into replies: `model_respond` (a luckystar model: greedy, or sampled at a
+temperature, with the tool loop: NL2SQL runs its SQL in the sandbox, math may call the calculator) or
+`text_respond` (any callable writing our section markers). `rewards.reward.score` scores each reply and
+`summarize` names the figures. For mode m in (reasoning, concise), `evaluate` logs
 
     eval/<m>/correctness, eval/<m>/correctness/<task>, eval/<m>/correctness/<language>,
     eval/<m>/correctness/<task>/<language>, eval/<m>/language_mismatch, eval/<m>/response_length,
@@ -11,7 +12,8 @@ correctness is pass@1 at that temperature), the tool loop on (NL2SQL runs its SQ
     eval/reasoning/hybrid_format, eval/reasoning/hybrid_format/<language>
 
 and the reasoning-mode headline figures again as eval/correctness, eval/language_mismatch,
-eval/response_length (plus eval/correctness/<task>, eval/correctness/<language>).
+eval/response_length (plus eval/correctness/<task>, eval/correctness/<language>). Sampled
+(`Settings.samples` draws per prompt at `Settings.temperature`), correctness is pass@1 at that temperature.
 `language_mismatch` is the paper's Table 2 figure: among Korean prompts with a parsable
 response, the fraction whose response is not Korean. `hybrid_format` is the reasoning mode's
 contract (paper §2.2): among prompts answered in text (HYBRID_TASKS), the fraction with an English
@@ -20,21 +22,23 @@ thinking section and then a non-empty response in the prompt's language.
 
 import collections
 import dataclasses
-from typing import Any, Mapping, Sequence
+import re
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import grain
 import jax
 import numpy as np
 
 from luckystar import sampling
-from luckystar.data import pipeline, suites
+from luckystar import tokenizer as tokenizer_lib
+from luckystar.data import conversations, pipeline
 from luckystar.data.examples import Example
+from luckystar.engine import logprobs, prompts
+from luckystar.engine import rollouts as rollouts_lib
+from luckystar.engine import step as step_lib
 from luckystar.model import ModelConfig
 from luckystar.rewards import language, reward
 from luckystar.tokenizer import Tokenizer
-from luckystar.engine import logprobs
-from luckystar.engine import rollouts as rollouts_lib
-from luckystar.engine import step as step_lib
 
 MODES = ('reasoning', 'concise')
 TASKS = ('math', 'nl2sql', 'function_calling', 'korean_mc', 'chat')
@@ -62,36 +66,85 @@ class Settings:
 
 def select(settings: Settings) -> list[Example]:
   """The first `per_task_language` held-out examples of each (task, language): a fixed eval set."""
-  chosen = []
-  for task in settings.tasks:
-    counts = collections.Counter()
-    for example in suites.load(task, settings.split, seed=settings.seed):
-      if counts[example.language] < settings.per_task_language:
-        counts[example.language] += 1
-        chosen.append(example)
-  return chosen
+  return prompts.prompt_set(settings.tasks, settings.split, seed=settings.seed, per_language=settings.per_task_language)
+
+
+# ---- models: anything that turns examples into replies ---------------------------------------------
+
+# (examples, mode, temperature, seed) → one reply per example: a sampling.Rollout or a TextReply.
+Respond = Callable[[Sequence[Example], str, float, int], list]
+TextModel = Callable[[list[dict], str], str]   # (prompt messages, mode) → assistant text
+Result = tuple[Example, Any, reward.Verdict]    # an example, its reply and the reply's verdict
+
+
+@dataclasses.dataclass(frozen=True)
+class TextReply:
+  """A text model's reply, with the fields of sampling.Rollout that scoring and `summarize` read."""
+  final_turn: tokenizer_lib.AssistantTurn
+  actions: list[str]
+  loss_mask: np.ndarray      # ones, one per token of the reply (its length in our tokenizer)
+  overlong: bool = False
+  tool_results: tuple[str, ...] = ()   # no tool loop
+
+
+_SECTIONS = {name: re.compile(re.escape(start) + r'(.*?)(?:' + re.escape(end) + r'|$)', re.DOTALL)
+             for name, (start, end) in tokenizer_lib.SECTION_TOKENS.items()}
+
+
+def parse_text(text: str) -> tuple[tokenizer_lib.AssistantTurn, list[str]]:
+  """An assistant turn written as text with our section markers → (turn, actions). Text without any
+  marker is the response."""
+  found = {name: pattern.findall(text) for name, pattern in _SECTIONS.items()}
+  if not any(found.values()):
+    return tokenizer_lib.AssistantTurn(response=text.strip(), ended=True), []
+  first = {name: matches[0].strip() if matches else None for name, matches in found.items()}
+  return tokenizer_lib.AssistantTurn(**first, ended=True), [a.strip() for a in found['action']]
+
+
+def text_respond(fn: TextModel, tokenizer: Tokenizer) -> Respond:
+  """A Respond over a text callable; no tool loop (an NL2SQL reply is scored on its last SQL action)."""
+  def respond(examples, mode, temperature=0.0, seed=0):
+    del temperature, seed  # the callable decides how it samples
+    replies = []
+    for example in examples:
+      text = fn(conversations.prompt(example), mode)
+      turn, actions = parse_text(text)
+      replies.append(TextReply(turn, actions, np.ones(len(tokenizer.encode(text)), np.int32)))
+    return replies
+  return respond
+
+
+def model_respond(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, settings: Any) -> Respond:
+  """A Respond over a luckystar model: rollouts with the tool loop (the calculator; NL2SQL rows run their
+  SQL in the sandbox), `settings.batch_size` at a time, within its max_new_tokens and tool limits; the
+  batch starting at example `start` is seeded by fold_in(key(seed), start)."""
+  def respond(examples, mode, temperature=0.0, seed=0):
+    rollouts = []
+    for start in range(0, len(examples), settings.batch_size):
+      batch = examples[start:start + settings.batch_size]
+      rendered = [rollouts_lib.render_prompt(tokenizer, e, mode) for e in batch]
+      rollouts += sampling.rollout(
+          model_config, params, tokenizer, rendered, tool_fn=rollouts_lib.task_tools(batch),
+          max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
+          max_new_tokens=settings.max_new_tokens, temperature=temperature,
+          rng=jax.random.fold_in(jax.random.key(seed), start))
+    return rollouts
+  return respond
 
 
 def run_examples(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, examples: Sequence[Example],
-                 mode: str, settings: Settings) -> list[tuple[Example, Any, reward.Verdict]]:
+                 mode: str, settings: Settings) -> list[Result]:
   """Rollouts of `examples` in `mode` (greedy, or `settings.samples` each at `settings.temperature`),
   each with its verdict."""
   if settings.temperature > 0:
     examples = [e for e in examples for _ in range(settings.samples)]
-  results = []
-  for start in range(0, len(examples), settings.batch_size):
-    batch = examples[start:start + settings.batch_size]
-    prompts = [rollouts_lib.render_prompt(tokenizer, e, mode) for e in batch]
-    rollouts = sampling.rollout(
-        model_config, params, tokenizer, prompts, tool_fn=rollouts_lib.task_tools(batch),
-        max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
-        max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
-        rng=jax.random.fold_in(jax.random.key(settings.seed), start))
-    for example, rollout in zip(batch, rollouts):
-      results.append((example, rollout, reward.score(example, rollout.final_turn, rollout.actions,
-                                                             tool_results=rollout.tool_results)))
-  return results
+  replies = model_respond(model_config, params, tokenizer, settings)(examples, mode, settings.temperature,
+                                                                      settings.seed)
+  return [(e, r, reward.score(e, r.final_turn, r.actions, tool_results=r.tool_results))
+          for e, r in zip(examples, replies)]
 
+
+# ---- figures ----------------------------------------------------------------------------------------
 
 def mean(values) -> float:
   """The mean of `values`, NaN for none."""
@@ -99,36 +152,51 @@ def mean(values) -> float:
   return float(np.mean(values)) if values else float('nan')
 
 
-def summarize(results: Sequence[tuple[Example, Any, reward.Verdict]], mode: str) -> dict[str, float]:
-  metrics = {}
-  prefix = f'eval/{mode}'
-  scored = [(e, r, v) for e, r, v in results if v.correct is not None]
-  metrics[f'{prefix}/correctness'] = mean(v.correct for _, _, v in scored)
-  groups = collections.defaultdict(list)
-  for example, _, verdict in scored:
-    for key in (example.task, example.language, f'{example.task}/{example.language}'):
-      groups[key].append(verdict.correct)
-  metrics.update({f'{prefix}/correctness/{key}': mean(values) for key, values in sorted(groups.items())})
-  metrics[f'{prefix}/language_mismatch'] = korean_mismatch_rate(results)
+def response_length(reply: Any) -> int:
+  """Generated tokens of a reply (tool results excluded)."""
+  return int(np.sum(reply.loss_mask))
+
+
+def scored_figures(results: Sequence[Result], groups: Callable[[Example], Iterable[str]],
+                   with_language: bool = True) -> dict[str, float]:
+  """The figures every evaluation reports: correctness (among scorable replies) overall and per group
+  of `groups(example)`, language_mismatch (unless `with_language` is False), response_length,
+  format_ok and unscorable (the count of replies a verifier could not decide)."""
+  scored = [(e, v) for e, _, v in results if v.correct is not None]
+  figures = {'correctness': mean(v.correct for _, v in scored)}
+  by_group = collections.defaultdict(list)
+  for example, verdict in scored:
+    for key in groups(example):
+      by_group[key].append(verdict.correct)
+  figures.update({f'correctness/{key}': mean(values) for key, values in sorted(by_group.items())})
+  if with_language:
+    figures['language_mismatch'] = korean_mismatch_rate(results)
+  figures['response_length'] = mean(response_length(r) for _, r, _ in results)
+  figures['format_ok'] = mean(v.format_ok for _, _, v in results)
+  figures['unscorable'] = float(len(results) - len(scored))
+  return figures
+
+
+def summarize(results: Sequence[Result], mode: str) -> dict[str, float]:
+  """`scored_figures` per task and language as eval/<mode>/..., with lengths per task, the thinking rate
+  and, in reasoning mode, the hybrid format."""
+  figures = scored_figures(results, lambda e: (e.task, e.language, f'{e.task}/{e.language}'))
   lengths = collections.defaultdict(list)
   for example, rollout, _ in results:
-    lengths[example.task].append(int(np.sum(rollout.loss_mask)))
-  metrics[f'{prefix}/response_length'] = mean(n for values in lengths.values() for n in values)
-  metrics.update({f'{prefix}/response_length/{task}': mean(values) for task, values in sorted(lengths.items())})
-  metrics[f'{prefix}/thinking_rate'] = mean(r.thinking is not None for _, r, _ in results)
-  metrics[f'{prefix}/format_ok'] = mean(v.format_ok for _, _, v in results)
-  metrics[f'{prefix}/unscorable'] = float(len(results) - len(scored))
+    lengths[example.task].append(response_length(rollout))
+  figures.update({f'response_length/{task}': mean(values) for task, values in sorted(lengths.items())})
+  figures['thinking_rate'] = mean(r.thinking is not None for _, r, _ in results)
   if mode == 'reasoning':
     hybrid = collections.defaultdict(list)
     for example, rollout, verdict in results:
       if example.task in HYBRID_TASKS:
         hybrid[example.language].append(hybrid_format_ok(rollout.thinking, rollout.final_turn.response, verdict))
-    metrics[f'{prefix}/hybrid_format'] = mean(ok for values in hybrid.values() for ok in values)
-    metrics.update({f'{prefix}/hybrid_format/{lang}': mean(values) for lang, values in sorted(hybrid.items())})
-  return metrics
+    figures['hybrid_format'] = mean(ok for values in hybrid.values() for ok in values)
+    figures.update({f'hybrid_format/{lang}': mean(values) for lang, values in sorted(hybrid.items())})
+  return {f'eval/{mode}/{name}': value for name, value in figures.items()}
 
 
-def korean_mismatch_rate(results: Sequence[tuple[Example, Any, reward.Verdict]]) -> float:
+def korean_mismatch_rate(results: Sequence[Result]) -> float:
   """The paper's Table 2 figure: among Korean prompts with a parsable response, the fraction whose
   response is not Korean (NaN when there is none). "Parsable" reads the response as the verdict's
   mismatch did: words copied from the tool results are data."""

@@ -17,8 +17,8 @@ from luckystar import tokenizer as tokenizer_lib
 from luckystar.engine import checkpoint
 from luckystar.interop import hf
 
-BUNDLED_DIR = pathlib.Path(__file__).parent / 'assets' / 'models'
-BUNDLED_MODELS = ('tiny-base', 'tiny-sft', 'tiny-rlvr', 'teacher')
+BUNDLED_DIR = pathlib.Path(__file__).parents[1] / 'assets' / 'models'
+BUNDLED_MODELS = ('tiny-base', 'tiny-sft', 'tiny-rlvr')
 
 _logits = jax.jit(model_lib.apply, static_argnums=0)
 
@@ -163,10 +163,6 @@ def load(name_or_path: str | pathlib.Path, **config_overrides: Any) -> Model:
   path = pathlib.Path(name_or_path)
   if str(name_or_path) in BUNDLED_MODELS:
     path = BUNDLED_DIR / str(name_or_path)
-    if not path.is_dir():
-      raise FileNotFoundError(
-          f'bundled model {str(name_or_path)!r} is not built yet in this version of luckystar '
-          f'(expected at {path}); bundled models ship with the training stages that produce them')
   if not path.exists():
     raise FileNotFoundError(f'{path}: no such bundled model or directory; bundled models: {BUNDLED_MODELS}')
   if checkpoint.is_run_dir(path):

@@ -16,8 +16,8 @@ from absl import logging
 import jax
 import numpy as np
 
-from luckystar import config as config_lib
 from luckystar import errors
+from luckystar.engine import artifacts
 
 METRICS_FILE = 'metrics.jsonl'
 PLOTS_DIR = 'plots'
@@ -43,7 +43,7 @@ def _rows(path: pathlib.Path, *, drop_torn_last: bool = False) -> list[tuple[str
         logging.warning('%s:%d: dropping the cut-short last row (%s): %.60r', path, number, e, line)
         break
       raise errors.UserError(f'{path}:{number}: not a metrics row ({e}); repair or delete that line, or '
-                                 f'delete {path} to drop the run\'s logged rows') from None
+                             f'delete {path} to drop the run\'s logged rows') from None
     rows.append((line, row))
   return rows
 
@@ -63,7 +63,7 @@ def _truncate_after(path: pathlib.Path, step: int) -> None:
   checkpoint is saved, so the row a crash cut short belongs to a step after every checkpoint."""
   if path.exists():
     kept = [line for line, row in _rows(path, drop_torn_last=True) if row['step'] <= step] if step >= 0 else []
-    config_lib.write_atomically(path, ''.join(line + '\n' for line in kept))
+    artifacts.write_atomically(path, ''.join(line + '\n' for line in kept))
 
 
 def _scalar(value: Any) -> float | int:

@@ -28,7 +28,6 @@ lists too; a bool never equals 1 or 0; no model-specific renaming of dotted
 names.
 """
 
-import itertools
 import re
 from typing import Sequence
 

@@ -48,8 +48,8 @@ The stage (`run`):
      finished becomes an anchor row. Sampling runs the tool loop (`max_tool_turns`): reasoning mode
      calls the calculator.
   2. Reference log-probs (`reference_logps`): summed response log-probs of every pair under the
-     starting params, computed once before training and cached in `workdir/dpo_reference.npz` under a
-     key that hashes the params (every leaf's bytes), the model config and the pairs' tokens and masks;
+     starting params, computed once before training and kept in `workdir/dpo_reference.npy` under a
+     fingerprint of the params (every leaf's bytes), the model config and the pairs' tokens and masks;
      a run with the same model and data reuses them, another model or data recomputes them. No
      reference params are held during training.
   3. The shared loop (`loop.run_training`) on shuffled batches of pairs; `eval/*` (greedy held-out
@@ -66,6 +66,7 @@ import collections
 import dataclasses
 import functools
 import hashlib
+import io
 import json
 import pathlib
 from typing import Any, Mapping, Sequence
@@ -77,13 +78,12 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from luckystar import config as config_lib
 from luckystar import errors
 from luckystar import model
 from luckystar import tokenizer as tokenizer_lib
-from luckystar.data import conversations, pipeline, suites
+from luckystar.data import conversations, pipeline
 from luckystar.data.examples import Example
-from luckystar.engine import evals, logprobs, loop, optim, rollouts
+from luckystar.engine import artifacts, evals, logprobs, loop, optim, prompts, rollouts
 from luckystar.engine import state as state_lib
 from luckystar.engine import step as step_lib
 from luckystar.rewards import choice
@@ -96,7 +96,8 @@ DIRECT_TASKS = ('korean_mc', 'chat', 'math')
 DIRECT_FORMAT = 2                     # direct_response's format: 1 the MC letter alone, 2 the option then the letter
 PAIRS_FILE = 'dpo_pairs.jsonl'
 PAIRS_SUMMARY = 'dpo_pairs.json'      # fingerprint and counts; written last: the pairs are complete
-REFERENCE_FILE = 'dpo_reference.npz'  # {'key': str, 'logps': [pairs, 2]}
+REFERENCE_FILE = 'dpo_reference.npy'  # [pairs, 2] float32
+REFERENCE_RECORD = 'dpo_reference.json'  # its fingerprint
 FEATURES = ('tokens', 'loss_mask')
 SIDES = ('chosen', 'rejected')
 ANCHOR = 'anchor'                     # the kind of a row that holds one of the policy's own replies twice
@@ -227,7 +228,7 @@ def training_batches(pairs: Sequence[Mapping[str, Any]], reference: np.ndarray, 
   indices = pipeline.shard(grain.MapDataset.range(len(pairs)))
   if len(indices) < batch_size:
     raise errors.UserError(f'{len(indices)} DPO pairs for this process, fewer than the {batch_size} a batch '
-                               f'needs (config.batch_size); build more pairs (config.dpo.pair_prompts) or lower it')
+                           f'needs (config.batch_size); build more pairs (config.dpo.pair_prompts) or lower it')
   return iter(indices.shuffle(seed=seed).repeat().batch(batch_size, drop_remainder=True)
               .map(lambda chunk: pair_batch(pairs, chunk, reference, length_multiple=length_multiple))
               .to_iter_dataset())
@@ -241,11 +242,10 @@ def pair_prompts(settings: Any, tokenizer: Tokenizer, *, seed: int, tasks: Seque
   """`settings.pair_prompts` seeded train prompts of `tasks` (default `settings.tasks`; math up to
   `settings.math_max_difficulty`) whose prompt fits `settings.max_prompt_tokens` in every one of `modes`
   (default `settings.modes`)."""
-  tasks = settings.tasks if tasks is None else tasks
   modes = settings.modes if modes is None else modes
-  pool = [e for task in tasks for e in suites.load(task, 'train', seed=seed)
-          if (task != 'math' or e.difficulty <= settings.math_max_difficulty)
-          and all(len(rollouts.render_prompt(tokenizer, e, mode)) <= settings.max_prompt_tokens for mode in modes)]
+  pool = prompts.prompt_set(settings.tasks if tasks is None else tasks, 'train', seed=seed, tokenizer=tokenizer,
+                            where=lambda e: e.task != 'math' or e.difficulty <= settings.math_max_difficulty,
+                            max_prompt_tokens=settings.max_prompt_tokens, modes=modes)
   order = np.random.default_rng([seed, 31]).permutation(len(pool))[:settings.pair_prompts]
   return [pool[i] for i in sorted(order)]
 
@@ -266,7 +266,7 @@ def direct_response(example: Example) -> str:
   if example.task in DIRECT_TASKS:  # chat, math
     return f'{example.answer}입니다.' if example.language == 'ko' else f'{example.answer}.'
   raise errors.UserError(f"config.dpo.chosen='direct' has no direct answer for task {example.task!r}; "
-                             f"use tasks from {DIRECT_TASKS} or config.dpo.chosen='reference'")
+                         f"use tasks from {DIRECT_TASKS} or config.dpo.chosen='reference'")
 
 
 def chosen_reply(tokenizer: Tokenizer, example: Example, mode: str, style: str = 'direct') -> dict[str, Any] | None:
@@ -303,7 +303,7 @@ def pair_kind(mode: str, chosen_length: int, scored: rollouts.Scored, settings: 
 def pairs_fingerprint(config) -> dict[str, Any]:
   """What the built pairs depend on; pairs built under another fingerprint are stale."""
   settings = config.dpo
-  return json.loads(json.dumps({
+  return {
       'init_from': config.init_from, 'seed': config.seed, 'sampling': dict(config.sampling),
       'direct_format': DIRECT_FORMAT,
       **({'model_overrides': dict(config.model_overrides)} if config.model_overrides else {}),  # another policy
@@ -311,7 +311,7 @@ def pairs_fingerprint(config) -> dict[str, Any]:
                                         'math_max_difficulty', 'max_prompt_tokens', 'pair_prompts',
                                         'samples_per_prompt', 'pairs_per_prompt', 'verbose_min_ratio',
                                         'verbose_min_extra', 'max_tool_turns', 'max_tool_result_tokens',
-                                        'sampling_batch')}}))
+                                        'sampling_batch')}}
 
 
 def record(config, example: Example, *, kind: str, mode: str, index: int, prompt: Sequence[int],
@@ -429,7 +429,7 @@ def read_pairs(path: pathlib.Path) -> list[dict[str, Any]]:
     except (ValueError, KeyError, TypeError) as e:  # json.JSONDecodeError is a ValueError
       reason = f'missing field {e}' if isinstance(e, KeyError) else str(e)
       raise errors.UserError(f'{path}:{number}: not a DPO pair ({reason}); expected a line of '
-                                 f'{PAIRS_FILE} as the dpo stage writes it') from None
+                             f'{PAIRS_FILE} as the dpo stage writes it') from None
     pairs.append(record)
   if not pairs:
     raise errors.UserError(f'{path}: no DPO pairs in this file')
@@ -438,41 +438,31 @@ def read_pairs(path: pathlib.Path) -> list[dict[str, Any]]:
 
 def load_or_build_pairs(config, workdir: pathlib.Path, model_config: model.ModelConfig, params: Any,
                         tokenizer: Tokenizer) -> list[dict[str, Any]]:
-  """`config.dpo.pairs_file` if set; else the workdir's pairs if built under this config's fingerprint
-  (another fingerprint is a UserError); else pairs built now and written to the workdir."""
+  """`config.dpo.pairs_file` if set; else the workdir's pairs (`artifacts.load_or_build` under
+  `pairs_fingerprint`), built now on the first run."""
   if config.dpo.pairs_file:
     pairs = read_pairs(pathlib.Path(config.dpo.pairs_file))
     logging.info('DPO pairs: %d from %s (config.dpo.pairs_file)', len(pairs), config.dpo.pairs_file)
     return pairs
-  summary_path, pairs_path = workdir / PAIRS_SUMMARY, workdir / PAIRS_FILE
-  if summary_path.is_file():
-    saved = json.loads(summary_path.read_text())['fingerprint']
-    if saved != pairs_fingerprint(config):
-      differ = sorted(k for k in saved.keys() | pairs_fingerprint(config).keys()
-                      if saved.get(k) != pairs_fingerprint(config).get(k))
+  built = []
+
+  def build():
+    examples = pair_prompts(config.dpo, tokenizer, seed=config.seed)
+    anchor_examples = (pair_prompts(config.dpo, tokenizer, seed=config.seed, tasks=config.dpo.anchor_tasks,
+                                    modes=config.dpo.anchor_modes) if config.dpo.anchor_modes else [])
+    pairs, summary = build_pairs(config, model_config, params, tokenizer, examples, anchor_examples)
+    if not pairs:
       raise errors.UserError(
-          f'{summary_path}: DPO pairs were built under another config ({", ".join(differ)} differ: '
-          f'{ {k: saved.get(k) for k in differ} } there); use a new --workdir, or delete {PAIRS_FILE} and '
-          f'{PAIRS_SUMMARY} there to build pairs again')
-    pairs = read_pairs(pairs_path)
-    logging.info('DPO pairs: reusing %s (%d pairs)', pairs_path, len(pairs))
-    return pairs
-  examples = pair_prompts(config.dpo, tokenizer, seed=config.seed)
-  anchor_examples = (pair_prompts(config.dpo, tokenizer, seed=config.seed, tasks=config.dpo.anchor_tasks,
-                                  modes=config.dpo.anchor_modes) if config.dpo.anchor_modes else [])
-  pairs, summary = build_pairs(config, model_config, params, tokenizer, examples, anchor_examples)
-  if not pairs:
-    raise errors.UserError(
-        f'no DPO pair from {len(examples)} prompts × {config.dpo.samples_per_prompt} samples of '
-        f'{config.init_from!r} ({summary["sampling"]}); sample more (config.dpo.pair_prompts, samples_per_prompt) '
-        'or loosen config.dpo.verbose_min_ratio / verbose_min_extra')
-  if jax.process_index() == 0:
-    config_lib.write_atomically(pairs_path, ''.join(json.dumps(p, ensure_ascii=False) + '\n' for p in pairs))
-    config_lib.write_atomically(summary_path, json.dumps({'fingerprint': pairs_fingerprint(config), **summary},
-                                                         indent=1, ensure_ascii=False) + '\n')
-  logging.info('DPO pairs: built %d from %d prompts → %s: %s', len(pairs), len(examples), pairs_path,
-               {k: v['pairs'] for k, v in summary['pairs'].items() if '/' not in k})
-  return pairs
+          f'no DPO pair from {len(examples)} prompts × {config.dpo.samples_per_prompt} samples of '
+          f'{config.init_from!r} ({summary["sampling"]}); sample more (config.dpo.pair_prompts, samples_per_prompt) '
+          'or loosen config.dpo.verbose_min_ratio / verbose_min_extra')
+    logging.info('DPO pairs: built %d from %d prompts → %s: %s', len(pairs), len(examples), workdir / PAIRS_FILE,
+                 {k: v['pairs'] for k, v in summary['pairs'].items() if '/' not in k})
+    built.extend(pairs)
+    return summary, {PAIRS_FILE: ''.join(json.dumps(p, ensure_ascii=False) + '\n' for p in pairs)}
+
+  artifacts.load_or_build(workdir, PAIRS_SUMMARY, pairs_fingerprint(config), build, what='DPO pairs')
+  return built or read_pairs(workdir / PAIRS_FILE)
 
 
 # ---- reference log-probs -------------------------------------------------------------------------------
@@ -496,13 +486,6 @@ def pairs_digest(pairs: Sequence[Mapping[str, Any]]) -> str:
   return digest.hexdigest()
 
 
-def reference_key(model_digest: str, data_digest: str, model_config: model.ModelConfig) -> str:
-  """The cache key: the params, the pairs and the model config (the same params under another config, e.g.
-  `config.model_overrides` of sliding_window, give other log-probs)."""
-  return hashlib.sha256(json.dumps({'model': model_digest, 'data': data_digest, 'config': repr(model_config),
-                                    'format': 1}).encode()).hexdigest()
-
-
 def compute_reference_logps(model_config: model.ModelConfig, params: Any, pairs: Sequence[Mapping[str, Any]], *,
                             mesh: jax.sharding.Mesh, batch_size: int, length_multiple: int) -> np.ndarray:
   """[pairs, 2] summed response log-probs (chosen, rejected) under `params`, `batch_size` pairs at a
@@ -521,23 +504,22 @@ def compute_reference_logps(model_config: model.ModelConfig, params: Any, pairs:
 def reference_logps(workdir: pathlib.Path, model_config: model.ModelConfig, params: Any,
                     pairs: Sequence[Mapping[str, Any]], *, mesh: jax.sharding.Mesh, batch_size: int,
                     length_multiple: int) -> np.ndarray:
-  """`compute_reference_logps`, cached in `workdir/dpo_reference.npz` under `reference_key` of the
-  params and the pairs: reused when both are unchanged, recomputed (and the cache replaced) otherwise."""
-  path = workdir / REFERENCE_FILE
-  key = reference_key(params_digest(params), pairs_digest(pairs), model_config)
-  if path.is_file():
-    with np.load(path) as cached:
-      if str(cached['key']) == key and cached['logps'].shape == (len(pairs), 2):
-        logging.info('DPO reference log-probs: reusing %s', path)
-        return cached['logps']
-    logging.info('DPO reference log-probs: %s was made for another model or other pairs; recomputing', path)
-  logps = compute_reference_logps(model_config, params, pairs, mesh=mesh, batch_size=batch_size,
-                                  length_multiple=length_multiple)
-  if jax.process_index() == 0:
-    tmp = path.with_name(path.name + '.tmp.npz')
-    np.savez(tmp, key=np.asarray(key), logps=logps)
-    tmp.replace(path)
-  return logps
+  """`compute_reference_logps`, kept in `workdir/dpo_reference.npy` under a fingerprint of the params, the
+  pairs and the model config (the same params under another config, e.g. `config.model_overrides` of
+  sliding_window, give other log-probs): reused when all are unchanged, made again otherwise."""
+  computed = []
+
+  def build():
+    computed.append(compute_reference_logps(model_config, params, pairs, mesh=mesh, batch_size=batch_size,
+                                            length_multiple=length_multiple))
+    array = io.BytesIO()
+    np.save(array, computed[0])
+    return {}, {REFERENCE_FILE: array.getvalue()}
+
+  fingerprint = {'params': params_digest(params), 'pairs': pairs_digest(pairs), 'model_config': repr(model_config)}
+  artifacts.load_or_build(workdir, REFERENCE_RECORD, fingerprint, build, what='DPO reference log-probs',
+                          stale='rebuild')
+  return computed[0] if computed else np.load(workdir / REFERENCE_FILE)
 
 
 # ---- the stage --------------------------------------------------------------------------------------

@@ -12,15 +12,15 @@ Suites (`config.eval.suites`), each answered in every mode of `config.eval.modes
     chat                   concise chat questions: correctness
     instruction_following  generated, rule-verified constraints (data.instruction_following)
 
-Per suite and mode: `accuracy` (correct among scorable), `accuracy/<language>` (and `/<category>` for
+Per suite and mode: `correctness` (correct among scorable), `correctness/<language>` (and `/<category>` for
 BFCL), `response_length` (generated tokens), `language_mismatch` (paper Table 2: Korean prompts whose
 response is not Korean), `format_ok`, `overlong`, `unscorable`, `examples`; `pass_at_<k>` in reasoning mode
 for math and champ. `overall/<mode>` pools language mismatch and length over the suites (instruction
 following aside: it asks for the other language on purpose). A suite whose data package is missing is
 skipped with its install command in the report, never scored 0.
 
-A "model" here is anything `Respond`: `model_respond` (a loaded luckystar model, with the SQL tool
-loop) or `text_respond(fn)` for any callable `fn(messages, mode) -> text` that spells our sections
+A "model" here is anything `evals.Respond`: `evals.model_respond` (a loaded luckystar model, with the SQL tool
+loop) or `evals.text_respond(fn)` for any callable `fn(messages, mode) -> text` that spells our sections
 (`<|START_ACTION|>{json}<|END_ACTION|>`, ...), e.g. a BFCL gold-answer oracle or an HTTP endpoint.
 """
 
@@ -29,8 +29,7 @@ import dataclasses
 import json
 import math
 import pathlib
-import re
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -38,14 +37,11 @@ import tqdm
 
 from luckystar import errors
 from luckystar import model as model_lib
-from luckystar import sampling
 from luckystar import tokenizer as tokenizer_lib
-from luckystar.data import bfcl, champ, conversations, instruction_following, loaders
+from luckystar.data import bfcl, champ, instruction_following, loaders
 from luckystar.data.examples import Example
-from luckystar.engine import evals as core
-from luckystar.engine import loading
+from luckystar.engine import evals, loading, prompts
 from luckystar.engine import metrics as metrics_lib
-from luckystar.engine import rollouts as rollouts_lib
 from luckystar.engine import state as state_lib
 from luckystar.rewards import reward
 
@@ -60,7 +56,7 @@ NO_LANGUAGE_FIGURE = ('instruction_following',)  # asks for the other language o
 class Settings:
   """`config.eval` (configs/eval.py documents each key)."""
   suites: Sequence[str] = SUITES
-  modes: Sequence[str] = core.MODES
+  modes: Sequence[str] = evals.MODES
   per_suite_language: int = 16
   bfcl_categories: Sequence[str] = ('simple_python', 'multiple', 'parallel')
   bfcl_per_category: int = 16
@@ -89,8 +85,8 @@ class Settings:
       if name not in SUITES:
         raise errors.UserError(f'config.eval.suites: unknown suite {name!r}; expected some of {SUITES}')
     for mode in settings.modes:
-      if mode not in core.MODES:
-        raise errors.UserError(f'config.eval.modes: unknown mode {mode!r}; expected some of {core.MODES}')
+      if mode not in evals.MODES:
+        raise errors.UserError(f'config.eval.modes: unknown mode {mode!r}; expected some of {evals.MODES}')
     if settings.pass_k_samples and max(settings.pass_k) > settings.pass_k_samples:
       raise errors.UserError(f'config.eval.pass_k={settings.pass_k} needs pass_k_samples ≥ {max(settings.pass_k)}')
     return settings
@@ -100,75 +96,13 @@ class SuiteUnavailable(Exception):
   """A suite's data is not installed; the message says how to install it."""
 
 
-# ---- models: anything that turns examples into replies ---------------------------------------
-
-# (examples, mode, temperature, seed) → one reply per example: a sampling.Rollout or a TextReply.
-Respond = Callable[[Sequence[Example], str, float, int], list]
-TextModel = Callable[[list[dict], str], str]   # (prompt messages, mode) → assistant text
-
-
-@dataclasses.dataclass(frozen=True)
-class TextReply:
-  """A text model's reply, with the fields of sampling.Rollout that scoring and core.summarize read."""
-  final_turn: tokenizer_lib.AssistantTurn
-  actions: list[str]
-  loss_mask: np.ndarray      # ones, one per token of the reply (its length in our tokenizer)
-  overlong: bool = False
-  tool_results: tuple[str, ...] = ()   # no tool loop
-
-
-_SECTIONS = {name: re.compile(re.escape(start) + r'(.*?)(?:' + re.escape(end) + r'|$)', re.DOTALL)
-             for name, (start, end) in tokenizer_lib.SECTION_TOKENS.items()}
-
-
-def parse_text(text: str) -> tuple[tokenizer_lib.AssistantTurn, list[str]]:
-  """An assistant turn written as text with our section markers → (turn, actions). Text without any
-  marker is the response."""
-  found = {name: pattern.findall(text) for name, pattern in _SECTIONS.items()}
-  if not any(found.values()):
-    return tokenizer_lib.AssistantTurn(response=text.strip(), ended=True), []
-  first = {name: matches[0].strip() if matches else None for name, matches in found.items()}
-  return tokenizer_lib.AssistantTurn(**first, ended=True), [a.strip() for a in found['action']]
-
-
-def text_respond(fn: TextModel, tokenizer: tokenizer_lib.Tokenizer) -> Respond:
-  """A Respond over a text callable; no tool loop (an NL2SQL reply is scored on its last SQL action)."""
-  def respond(examples, mode, temperature=0.0, seed=0):
-    del temperature, seed  # the callable decides how it samples
-    replies = []
-    for example in examples:
-      text = fn(conversations.prompt(example), mode)
-      turn, actions = parse_text(text)
-      replies.append(TextReply(turn, actions, np.ones(len(tokenizer.encode(text)), np.int32)))
-    return replies
-  return respond
-
-
-def model_respond(model_config: model_lib.ModelConfig, params: Any, tokenizer: tokenizer_lib.Tokenizer,
-                  settings: Settings) -> Respond:
-  """A Respond over a luckystar model: `core.run_examples`' rollouts (SQL tool loop for NL2SQL rows),
-  at any temperature."""
-  def respond(examples, mode, temperature=0.0, seed=0):
-    rollouts = []
-    for start in range(0, len(examples), settings.batch_size):
-      batch = examples[start:start + settings.batch_size]
-      prompts = [rollouts_lib.render_prompt(tokenizer, e, mode) for e in batch]
-      rollouts += sampling.rollout(
-          model_config, params, tokenizer, prompts, tool_fn=rollouts_lib.task_tools(batch),
-          max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
-          max_new_tokens=settings.max_new_tokens, temperature=temperature,
-          rng=jax.random.fold_in(jax.random.key(seed), start))
-    return rollouts
-  return respond
-
-
 # ---- suites ----------------------------------------------------------------------------------
 
 def suite_examples(name: str, settings: Settings) -> list[Example]:
   """The fixed eval set of one suite (first N of each held-out source). Raises SuiteUnavailable."""
   per_language = settings.per_suite_language
   if name in ('math', 'nl2sql', 'korean_mc', 'chat'):
-    examples = core.select(core.Settings(tasks=(name,), per_task_language=per_language, seed=settings.seed))
+    examples = prompts.prompt_set((name,), 'heldout', seed=settings.seed, per_language=per_language)
     if name == 'korean_mc' and settings.kobalt_file:
       examples += loaders.load_kobalt_jsonl(settings.kobalt_file)[:per_language]
     return examples
@@ -204,28 +138,22 @@ def pass_at_k(samples: int, correct: int, k: int) -> float:
   return 1.0 - math.comb(samples - correct, k) / math.comb(samples, k)
 
 
-def suite_metrics(suite: str, results: Sequence[tuple[Example, Any, reward.Verdict]]) -> dict[str, float]:
-  scored = [(e, v) for e, _, v in results if v.correct is not None]
-  metrics = {'accuracy': core.mean(v.correct for _, v in scored), 'examples': len(results),
-             'unscorable': len(results) - len(scored),
-             'format_ok': core.mean(v.format_ok for _, _, v in results),
-             'response_length': core.mean(int(np.sum(r.loss_mask)) for _, r, _ in results),
-             'overlong': core.mean(bool(getattr(r, 'overlong', False)) for _, r, _ in results)}
-  if suite not in NO_LANGUAGE_FIGURE:
-    metrics['language_mismatch'] = core.korean_mismatch_rate(results)
-  groups = collections.defaultdict(list)
-  for example, verdict in scored:
-    groups[example.language].append(verdict.correct)
+def suite_metrics(suite: str, results: Sequence[evals.Result]) -> dict[str, float]:
+  """`evals.scored_figures` per language (and per category or constraint for BFCL and instruction following),
+  with the suite's size and overlong replies."""
+  def groups(example):
     if suite in ('bfcl', 'instruction_following'):
-      groups[example.meta.get('category') or example.meta.get('constraint')].append(verdict.correct)
-  metrics.update({f'accuracy/{key}': core.mean(values) for key, values in sorted(groups.items())})
-  return metrics
+      return example.language, example.meta.get('category') or example.meta.get('constraint')
+    return (example.language,)
+  figures = evals.scored_figures(results, groups, with_language=suite not in NO_LANGUAGE_FIGURE)
+  return {**figures, 'unscorable': int(figures['unscorable']), 'examples': len(results),
+          'overlong': evals.mean(bool(getattr(r, 'overlong', False)) for _, r, _ in results)}
 
 
-def sampled_pass_at_k(suite: str, respond: Respond, examples: Sequence[Example], settings: Settings
+def sampled_pass_at_k(suite: str, respond: evals.Respond, examples: Sequence[Example], settings: Settings
                       ) -> dict[str, float]:
   """pass@k in reasoning mode from `pass_k_samples` replies per problem at `pass_k_temperature`."""
-  problems = _first_per_language(examples, settings.pass_k_problems)
+  problems = prompts.first_per_language(examples, settings.pass_k_problems)
   repeated = [e for e in problems for _ in range(settings.pass_k_samples)]
   replies = respond(repeated, 'reasoning', settings.pass_k_temperature, settings.seed + 1)
   correct = collections.Counter()
@@ -235,39 +163,26 @@ def sampled_pass_at_k(suite: str, respond: Respond, examples: Sequence[Example],
     if verdict.correct is not None:
       scorable.add(example.id)
       correct[example.id] += bool(verdict.correct)
-  metrics = {f'pass_at_{k}': core.mean(pass_at_k(settings.pass_k_samples, correct[i], k) for i in sorted(scorable))
+  metrics = {f'pass_at_{k}': evals.mean(pass_at_k(settings.pass_k_samples, correct[i], k) for i in sorted(scorable))
              for k in settings.pass_k}
   metrics['pass_at_k_problems'] = len(scorable)
   return metrics
 
 
-def _first_per_language(examples: Sequence[Example], count: int) -> list[Example]:
-  seen, chosen = collections.Counter(), []
-  for example in examples:
-    if seen[example.language] < count:
-      seen[example.language] += 1
-      chosen.append(example)
-  return chosen
-
-
-def _short_enough(examples, tokenizer, settings) -> tuple[list[Example], int]:
-  """Examples whose prompt (reasoning preamble, the longer one) fits `max_prompt_tokens`; and how many not."""
-  kept = [e for e in examples if len(rollouts_lib.render_prompt(tokenizer, e)) <= settings.max_prompt_tokens]
-  return kept, len(examples) - len(kept)
-
-
-def evaluate(respond: Respond, tokenizer: tokenizer_lib.Tokenizer, settings: Settings, *,
+def evaluate(respond: evals.Respond, tokenizer: tokenizer_lib.Tokenizer, settings: Settings, *,
              progress: bool = True) -> dict[str, Any]:
   """Every suite × mode: {'suites': {suite: {mode: metrics}}, 'overall': {mode: metrics}, 'skipped':
   {suite: why}}; a tqdm bar runs across the suites."""
   plan, skipped = [], {}
   for name in settings.suites:
     try:
-      examples, too_long = _short_enough(suite_examples(name, settings), tokenizer, settings)
+      candidates = suite_examples(name, settings)
     except SuiteUnavailable as e:
       skipped[name] = str(e)
       continue
-    if too_long:
+    # The reasoning preamble is the longer one: a prompt that fits it fits both modes.
+    examples = [e for e in candidates if prompts.fits(tokenizer, e, settings.max_prompt_tokens)]
+    if too_long := len(candidates) - len(examples):
       skipped[f'{name} (part)'] = f'{too_long} prompts over max_prompt_tokens={settings.max_prompt_tokens} left out'
     plan += [(name, mode, examples) for mode in settings.modes]
     if name in PASS_K_SUITES and 'reasoning' in settings.modes and settings.pass_k_samples:
@@ -286,8 +201,8 @@ def evaluate(respond: Respond, tokenizer: tokenizer_lib.Tokenizer, settings: Set
     if name not in NO_LANGUAGE_FIGURE:
       pooled[mode] += results
   for mode, results in pooled.items():
-    out['overall'][mode] = {'language_mismatch': core.korean_mismatch_rate(results),
-                            'response_length': core.mean(int(np.sum(r.loss_mask)) for _, r, _ in results),
+    out['overall'][mode] = {'language_mismatch': evals.korean_mismatch_rate(results),
+                            'response_length': evals.mean(evals.response_length(r) for _, r, _ in results),
                             'korean_prompts': sum(reward.prompt_language(e.prompt) == 'ko' for e, _, _ in results),
                             'examples': len(results)}
   out['suites'] = dict(out['suites'])
@@ -320,13 +235,13 @@ def report_markdown(results: dict[str, Any]) -> str:
   get = lambda name, mode, key: suites.get(name, {}).get(mode, {}).get(key)
   lines = [f'# Evaluation of `{results["init_from"]}`', '',
            f'Greedy decoding, at most {results["settings"]["max_new_tokens"]} new tokens, SQL tool loop on for NL2SQL; '
-           'accuracy in % of scorable prompts (`luckystar/stages/eval.py`).', '',
+           'correctness in % of scorable prompts (`luckystar/stages/eval.py`).', '',
            '## Accuracy per suite', '',
            '| suite | metric | ' + ' | '.join(modes) + ' | prompts | unscorable |',
            '|---|---|' + '---|' * len(modes) + '---|---|']
   for name in suites:
     any_mode = next(iter(suites[name].values()))
-    lines.append(f'| {name} | {HEADLINE[name]} | ' + ' | '.join(_pct(get(name, m, 'accuracy')) for m in modes)
+    lines.append(f'| {name} | {HEADLINE[name]} | ' + ' | '.join(_pct(get(name, m, 'correctness')) for m in modes)
                  + f' | {any_mode.get("examples", 0)} | ' + ' / '.join(str(get(name, m, 'unscorable')) for m in modes)
                  + ' |')
   pass_rows = [name for name in suites if 'pass_at_k_problems' in suites[name].get('reasoning', {})]
@@ -349,12 +264,12 @@ def report_markdown(results: dict[str, Any]) -> str:
   lines.append('| **all but instruction_following** | ' + ' | '.join(
       f'{_pct(results["overall"].get(m, {}).get("language_mismatch"))} | '
       f'{_num(results["overall"].get(m, {}).get("response_length"))}' for m in modes) + ' |')
-  lines += ['', '## Breakdown (accuracy %, per language and category)', '',
+  lines += ['', '## Breakdown (correctness %, per language and category)', '',
             '| suite | mode | breakdown |', '|---|---|---|']
   for name in suites:
     for mode in modes:
-      parts = [f'{k.removeprefix("accuracy/")} {_pct(v)}' for k, v in suites[name].get(mode, {}).items()
-               if k.startswith('accuracy/')]
+      parts = [f'{k.removeprefix("correctness/")} {_pct(v)}' for k, v in suites[name].get(mode, {}).items()
+               if k.startswith('correctness/')]
       lines.append(f'| {name} | {mode} | {", ".join(parts) or "–"} |')
   if results['skipped']:
     lines += ['', '## Skipped', ''] + [f'- **{name}**: {why}' for name, why in results['skipped'].items()]
@@ -362,11 +277,11 @@ def report_markdown(results: dict[str, Any]) -> str:
 
 
 def plot(workdir: pathlib.Path, results: dict[str, Any]) -> list[pathlib.Path]:
-  """Bar charts: accuracy, response length and language mismatch per suite and mode; pass@k."""
+  """Bar charts: correctness, response length and language mismatch per suite and mode; pass@k."""
   plt = metrics_lib.pyplot()
   suites, modes = results['suites'], results['settings']['modes']
   out_dir = workdir / metrics_lib.PLOTS_DIR
-  charts = [('accuracy', 'accuracy (%)', 100), ('response_length', 'generated tokens per reply', 1),
+  charts = [('correctness', 'correctness (%)', 100), ('response_length', 'generated tokens per reply', 1),
             ('language_mismatch', 'Korean→English mismatch (%)', 100)]
   written = []
   names = list(suites)
@@ -415,10 +330,10 @@ def run(config, workdir: str) -> None:
   else:
     loaded = loading.load(config.init_from)
   tokenizer = loaded.tokenizer or tokenizer_lib.default()
-  respond = model_respond(loaded.config, loaded.params, tokenizer, settings)
+  respond = evals.model_respond(loaded.config, loaded.params, tokenizer, settings)
   results = {'init_from': config.init_from, 'settings': dataclasses.asdict(settings),
              **evaluate(respond, tokenizer, settings)}
   write(workdir, results)
-  summary = ', '.join(f'{name} {_pct(modes.get("reasoning", next(iter(modes.values()))).get("accuracy"))}%'
+  summary = ', '.join(f'{name} {_pct(modes.get("reasoning", next(iter(modes.values()))).get("correctness"))}%'
                       for name, modes in results['suites'].items())
   print(f'eval of {config.init_from}: {summary}; report: {pathlib.Path(workdir) / "report.md"}')

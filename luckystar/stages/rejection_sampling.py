@@ -20,7 +20,7 @@ Each prompt is rendered in reasoning mode and sampled `samples_per_prompt` times
                    teacher's tokens only; prompt and tool results 0)
   rs_stats.json    per task/language and overall: pass@1, pass@N, prompts with ≥ 1 kept trace, kept
                    traces per prompt (mean, max), why samples were dropped (the Korean language filter
-                   among them); and the `settings` it was made with
+                   among them); and the settings it was made with (`fingerprint`)
   rs_stats.md      the same as a table
 
 A re-run on a finished workdir reuses these files (and says so); one made with other settings is an
@@ -38,14 +38,12 @@ from absl import logging
 import jax
 import numpy as np
 
-from luckystar import config as config_lib
 from luckystar import errors
 from luckystar import model
 from luckystar import sampling
 from luckystar import tokenizer as tokenizer_lib
-from luckystar.data import suites
 from luckystar.data.examples import TASKS, Example, rs_only
-from luckystar.engine import rollouts
+from luckystar.engine import artifacts, prompts, rollouts
 from luckystar.engine import state as state_lib
 from luckystar.rewards import language
 from luckystar.tokenizer import Tokenizer
@@ -69,12 +67,11 @@ def rs_prompts(config) -> list[Example]:
   settings = config.rejection_sampling
   if unknown := [task for task in settings.tasks if task not in TASKS]:
     raise errors.UserError(f'config.rejection_sampling.tasks names {unknown}; tasks are {TASKS}')
-  chosen = []
-  for task in settings.tasks:
-    here = [e for e in suites.load(task, 'train', seed=config.seed) if rs_only(e, config.seed) and (
-        task != 'math' or (e.difficulty in settings.math_difficulties and e.language in settings.math_languages))]
-    chosen += here[:settings.max_prompts or None]
-  return chosen
+  def wanted(example: Example) -> bool:
+    return rs_only(example, config.seed) and (example.task != 'math' or (
+        example.difficulty in settings.math_difficulties and example.language in settings.math_languages))
+  return [e for task in settings.tasks
+          for e in prompts.prompt_set((task,), 'train', seed=config.seed, where=wanted)[:settings.max_prompts or None]]
 
 
 # ---- which traces to keep (pure) -------------------------------------------------------------------
@@ -184,8 +181,8 @@ def summarize(results: Sequence[PromptResult]) -> dict[str, dict[str, Any]]:
 
 def report(stats: dict[str, Any]) -> str:
   """rs_stats.md: one table row per group of `stats['groups']`."""
-  n = stats['settings']['samples_per_prompt']
-  lines = [f'# Rejection sampling: teacher `{stats["settings"]["init_from"]}`, N = {n}', '',
+  n = stats['fingerprint']['samples_per_prompt']
+  lines = [f'# Rejection sampling: teacher `{stats["fingerprint"]["init_from"]}`, N = {n}', '',
            f'| group | prompts | pass@1 | pass@{n} | prompts with a kept trace | kept traces | kept/prompt '
            '(mean, max) | dropped by the Korean language filter | incorrect | unfinished | duplicate |',
            '|' + '---|' * 11]
@@ -211,25 +208,6 @@ def settings_of(config) -> dict[str, Any]:
           'max_tool_result_tokens': settings.max_tool_result_tokens}
 
 
-def finished(workdir: pathlib.Path, settings: dict[str, Any]) -> bool:
-  """True when `workdir` holds this run's output already; an error if another config made it."""
-  stats_path = workdir / STATS_FILE
-  if not stats_path.is_file() or not (workdir / TRACES_FILE).is_file():
-    return False
-  try:
-    saved = json.loads(stats_path.read_text())['settings']
-  except (ValueError, KeyError) as e:
-    raise errors.UserError(f'{stats_path}: not a rejection-sampling stats file ({e!r}); delete it (and '
-                               f'{TRACES_FILE}) to sample again') from None
-  if saved != json.loads(json.dumps(settings)):  # through JSON: tuples and lists compare equal
-    differ = sorted(key for key in set(saved) | set(settings) if saved.get(key) != settings.get(key))
-    raise errors.UserError(
-        f'{stats_path}: made with other settings '
-        f'({", ".join(f"{k}: {saved.get(k)!r} there, {settings.get(k)!r} now" for k in differ)}); '
-        f'use a new --workdir, or delete {TRACES_FILE} and {STATS_FILE} there to sample again')
-  return True
-
-
 def load_teacher(config) -> tuple[model.ModelConfig, Any]:
   """(model config, params) of `config.init_from`; 'random:<size>' initialises from `config.seed`
   (an untrained teacher: for smoke tests only)."""
@@ -242,15 +220,23 @@ def load_teacher(config) -> tuple[model.ModelConfig, Any]:
 def run(config, workdir: str) -> None:
   workdir = pathlib.Path(workdir)
   settings = config.rejection_sampling
-  if finished(workdir, settings_of(config)):
-    logging.info('%s: rejection sampling already finished (%s, %s); reusing it, nothing to sample', workdir,
-                 TRACES_FILE, STATS_FILE)
-    return
+  stats = artifacts.load_or_build(workdir, STATS_FILE, settings_of(config), lambda: sample(config, workdir),
+                                  what='rejection-sampled traces')
+  overall = stats['groups']['all']
+  logging.info('rejection sampling: kept %d traces for %d of %d prompts (pass@1 %.3f, pass@%d %.3f; %d dropped by '
+               'the Korean language filter) → %s', overall['kept_traces'], overall['prompts_with_kept_trace'],
+               overall['prompts'], overall['pass@1'], settings.samples_per_prompt, overall['pass@N'],
+               overall['dropped_by_language_filter'], workdir / TRACES_FILE)
+
+
+def sample(config, workdir: pathlib.Path) -> tuple[dict[str, Any], artifacts.Files]:
+  """(stats, {traces, report}): every prompt sampled and its traces kept or dropped (module docstring)."""
+  settings = config.rejection_sampling
   examples = rs_prompts(config)
   if not examples:
     raise errors.UserError(f'config.rejection_sampling selects no prompts (tasks={list(settings.tasks)}, '
-                               f'math_difficulties={list(settings.math_difficulties)}, '
-                               f'math_languages={list(settings.math_languages)})')
+                           f'math_difficulties={list(settings.math_difficulties)}, '
+                           f'math_languages={list(settings.math_languages)})')
   model_config, params = load_teacher(config)
   tokenizer = tokenizer_lib.default()
   state_lib.check_vocab(config.init_from, model_config, tokenizer)
@@ -273,13 +259,6 @@ def run(config, workdir: str) -> None:
         traces.append({'example_id': example.id, 'task': example.task, 'language': example.language,
                        'sample_index': index, 'teacher': config.init_from, 'mode': MODE, 'tokens': tokens,
                        'loss_mask': mask})
-  stats = {'settings': settings_of(config), 'groups': summarize(results), 'seconds': round(time.time() - started, 1)}
-  config_lib.write_atomically(workdir / TRACES_FILE,
-                              ''.join(json.dumps(t, ensure_ascii=False) + '\n' for t in traces))
-  config_lib.write_atomically(workdir / REPORT_FILE, report(stats))
-  config_lib.write_atomically(workdir / STATS_FILE, json.dumps(stats, indent=1, ensure_ascii=False) + '\n')
-  overall = stats['groups']['all']
-  logging.info('rejection sampling: kept %d traces for %d of %d prompts (pass@1 %.3f, pass@%d %.3f; %d dropped by '
-               'the Korean language filter) → %s', overall['kept_traces'], overall['prompts_with_kept_trace'],
-               overall['prompts'], overall['pass@1'], samples, overall['pass@N'],
-               overall['dropped_by_language_filter'], workdir / TRACES_FILE)
+  stats = {'groups': summarize(results), 'seconds': round(time.time() - started, 1)}
+  return stats, {TRACES_FILE: ''.join(json.dumps(t, ensure_ascii=False) + '\n' for t in traces),
+                 REPORT_FILE: report({'fingerprint': settings_of(config), **stats})}

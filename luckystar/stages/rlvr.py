@@ -19,7 +19,6 @@ every step.
 
 import dataclasses
 import functools
-import json
 import pathlib
 import time
 from typing import Any, Mapping, Sequence
@@ -30,13 +29,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from luckystar import config as config_lib
 from luckystar import errors
 from luckystar import model
 from luckystar import tokenizer as tokenizer_lib
-from luckystar.data import nl2sql, pipeline, suites
+from luckystar.data import pipeline, sources
 from luckystar.data.examples import Example, rs_only
-from luckystar.engine import evals, logprobs, loop, optim, rollouts
+from luckystar.engine import artifacts, evals, logprobs, loop, optim, prompts, rollouts
 from luckystar.engine import state as state_lib
 from luckystar.engine import step as step_lib
 from luckystar.model import sharding
@@ -180,21 +178,24 @@ SELECTION_FILE = 'prompt_selection.json'
 SAMPLED_PREFIX = 'eval/sampled/'  # held-out figures of `eval_samples` draws per prompt at the sampling temperature
 
 
+def _extra_prompts(settings: Any, seed: int) -> list[Example]:
+  """The examples of the registered prompt sources `settings.extra_prompts` (`luckystar.data.sources`)."""
+  if unknown := [name for name in settings.extra_prompts if name not in sources.prompt_names()]:
+    raise errors.UserError(f'config.rlvr.extra_prompts names {unknown}, which no imported module registered; '
+                           f'registered prompt sources: {sources.prompt_names()} (luckystar.data.sources)')
+  return [e for name in settings.extra_prompts for e in sources.prompts(name, seed=seed)]
+
+
 def prompt_pool(settings: Any, split: str, tokenizer: Tokenizer, *, seed: int) -> list[Example]:
-  """RL prompts of `settings.tasks` in `split` (train: minus the rejection-sampling prompts, plus the
-  RL-only NL2SQL questions of `settings.nl2sql_rl_databases` extra databases per domain) whose
-  reasoning-mode prompt fits `settings.max_prompt_tokens`."""
+  """RL prompts of `settings.tasks` in `split` (train: minus the rejection-sampling prompts, plus those of
+  the registered prompt sources `settings.extra_prompts`, each after its task's own) whose reasoning-mode
+  prompt fits `settings.max_prompt_tokens`."""
+  extra = _extra_prompts(settings, seed) if split == 'train' else []
+  keep = (lambda e: not rs_only(e, seed)) if split == 'train' else None
   pool = []
   for task in settings.tasks:
-    examples = suites.load(task, split, seed=seed)
-    if split == 'train':
-      examples = [e for e in examples if not rs_only(e, seed)]
-      if task == 'nl2sql':
-        examples += suites.nl2sql_rl_only(settings.nl2sql_rl_databases, seed=seed)
-    for example in examples:
-      if len(rollouts.render_prompt(tokenizer, example)) <= settings.max_prompt_tokens:
-        pool.append(example)
-  return pool
+    pool += prompts.prompt_set((task,), split, seed=seed, where=keep) + [e for e in extra if e.task == task]
+  return [e for e in pool if prompts.fits(tokenizer, e, settings.max_prompt_tokens)]
 
 
 def rollout_options(config) -> dict[str, Any]:
@@ -210,19 +211,14 @@ def _fingerprint(config) -> dict:
   settings = config.rlvr
   fingerprint = {'init_from': config.init_from, 'seed': config.seed, 'tasks': list(settings.tasks),
                  'max_prompt_tokens': settings.max_prompt_tokens,
-                 'selection_prompts': _plain(settings.selection_prompts),
+                 'selection_prompts': artifacts.plain(settings.selection_prompts),
                  'selection_samples': settings.selection_samples, 'pass_rate': list(settings.select_pass_rate),
                  'sampling': dict(config.sampling)}
   if settings.eval_split == 'train':  # the eval set is reserved out of the pool first (`reserve_eval`)
     fingerprint |= {'eval_split': 'train', 'eval_prompts': settings.eval_prompts}
-  if settings.nl2sql_rl_databases:    # RL-only prompts in the pool
-    fingerprint['nl2sql_rl_databases'] = settings.nl2sql_rl_databases
+  if settings.extra_prompts:   # only when set: a run without them keeps its cached selection
+    fingerprint['extra_prompts'] = list(settings.extra_prompts)
   return fingerprint
-
-
-def _plain(value):
-  """A config value as JSON-ready Python (a ConfigDict becomes a dict)."""
-  return {k: _plain(v) for k, v in value.items()} if hasattr(value, 'items') else value
 
 
 def selection_candidates(pool: Sequence[Example], selection_prompts: int | Mapping[str, int], seed: int
@@ -235,7 +231,7 @@ def selection_candidates(pool: Sequence[Example], selection_prompts: int | Mappi
     return [pool[i] for i in sorted(rng.permutation(len(pool))[:selection_prompts])]
   if unknown := set(selection_prompts) - {e.task for e in pool}:
     raise errors.UserError(f'config.rlvr.selection_prompts names tasks {sorted(unknown)} that are not in '
-                               f'config.rlvr.tasks (or have no prompt that fits max_prompt_tokens)')
+                           f'config.rlvr.tasks (or have no prompt that fits max_prompt_tokens)')
   chosen = []
   for task, count in sorted(selection_prompts.items()):
     members = [i for i, e in enumerate(pool) if e.task == task]
@@ -257,36 +253,30 @@ def select_prompts(config, workdir: pathlib.Path, model_config: model.ModelConfi
                    tokenizer: Tokenizer, pool: Sequence[Example]) -> list[Example]:
   """Prompts whose pass rate under the starting policy lies in `config.rlvr.select_pass_rate`
   (DESIGN §5: [1/8, 7/8] at k = 8), measured once on a seeded sample of the pool
-  (`selection_candidates`) and cached in `workdir/prompt_selection.json`."""
-  settings, path = config.rlvr, workdir / SELECTION_FILE
+  (`selection_candidates`) and kept in `workdir/prompt_selection.json`."""
+  settings = config.rlvr
   by_id = {e.id: e for e in pool}
-  if path.is_file():
-    cached = json.loads(path.read_text())
-    if cached['fingerprint'] != _fingerprint(config):
-      raise errors.UserError(
-          f'{path}: prompt selection was made for another config ({cached["fingerprint"]}); use a new --workdir, '
-          f'or delete this file to select again')
-    logging.info('prompt selection: reusing %s (%d prompts kept)', path, len(cached['kept']))
-    return [by_id[i] for i in cached['kept']]
-  candidates = selection_candidates(pool, settings.selection_prompts, config.seed)
   low, high = settings.select_pass_rate
-  rates = pass_rates(config, model_config, params, tokenizer, candidates, settings.selection_samples,
-                     jax.random.key(config.seed), desc='prompt selection')
-  kept = [e.id for e in candidates if low <= rates[e.id] <= high]
-  summary = {f'{task}/{lang}': {'candidates': sum(1 for e in candidates if (e.task, e.language) == (task, lang)),
-                                'kept': sum(1 for i in kept if (by_id[i].task, by_id[i].language) == (task, lang))}
-             for task, lang in sorted({(e.task, e.language) for e in candidates})}
-  record = {'fingerprint': _fingerprint(config), 'pass_rates': rates, 'kept': kept, 'summary': summary}
-  if jax.process_index() == 0:
-    config_lib.write_atomically(path, json.dumps(record, indent=1, ensure_ascii=False))
-  logging.info('prompt selection: kept %d of %d prompts with pass rate in [%g, %g]: %s', len(kept), len(candidates),
-               low, high, summary)
-  if not kept:
+
+  def build():
+    candidates = selection_candidates(pool, settings.selection_prompts, config.seed)
+    rates = pass_rates(config, model_config, params, tokenizer, candidates, settings.selection_samples,
+                       jax.random.key(config.seed), desc='prompt selection')
+    kept = [e.id for e in candidates if low <= rates[e.id] <= high]
+    summary = {f'{task}/{lang}': {'candidates': sum(1 for e in candidates if (e.task, e.language) == (task, lang)),
+                                  'kept': sum(1 for i in kept if (by_id[i].task, by_id[i].language) == (task, lang))}
+               for task, lang in sorted({(e.task, e.language) for e in candidates})}
+    logging.info('prompt selection: kept %d of %d prompts with pass rate in [%g, %g]: %s', len(kept),
+                 len(candidates), low, high, summary)
+    return {'pass_rates': rates, 'kept': kept, 'summary': summary}, {}
+
+  record = artifacts.load_or_build(workdir, SELECTION_FILE, _fingerprint(config), build, what='prompt selection')
+  if not record['kept']:
     raise errors.UserError(
-        f'prompt selection kept no prompt: none of {len(candidates)} had a pass rate in [{low}, {high}] under '
-        f'{config.init_from!r} (see {path}); start from a stronger policy (config.init_from), widen '
-        f'config.rlvr.select_pass_rate, or choose other config.rlvr.tasks')
-  return [by_id[i] for i in kept]
+        f'prompt selection kept no prompt: none of {len(record["pass_rates"])} had a pass rate in [{low}, {high}] '
+        f'under {config.init_from!r} (see {workdir / SELECTION_FILE}); start from a stronger policy '
+        f'(config.init_from), widen config.rlvr.select_pass_rate, or choose other config.rlvr.tasks')
+  return [by_id[i] for i in record['kept']]
 
 
 def allocate(count: int, weights: Mapping[Any, float], capacity: Mapping[Any, int]) -> dict[Any, int]:
@@ -334,24 +324,25 @@ def check_config(config) -> None:
   check_eval_split(config)
   if not config.sampling.temperature > 0:   # the loss divides logits by it: 0 would make every update NaN (skipped)
     raise errors.UserError(f'config.sampling.temperature={config.sampling.temperature}: RLVR samples its '
-                               'rollouts and scores them at this temperature, so it must be > 0')
+                           'rollouts and scores them at this temperature, so it must be > 0')
   if config.batch_size % jax.process_count():
     raise errors.UserError(f'config.batch_size={config.batch_size} prompts per step does not split over '
-                               f'{jax.process_count()} processes')
+                           f'{jax.process_count()} processes')
 
 
 def eval_pool(config, tokenizer: Tokenizer, pool: Sequence[Example]) -> list[Example]:
   """Where the held-out eval draws from (`config.rlvr.eval_split`). 'heldout': the held-out split (for
   NL2SQL, databases no training split has). 'train': new questions over the training databases, i.e.
-  train prompts (`pool`, RS prompts already out; not the RL-only ones) whose gold answer no RS prompt has (the
+  train prompts (`pool`, RS prompts already out; not `extra_prompts`') whose gold answer no RS prompt has (the
   three training databases per domain share one wording, so a question text repeats over them with the same
   gold SQL); `reserve_eval` draws the eval set from them before prompt selection and takes it out of RL's pool."""
   settings = config.rlvr
   if check_eval_split(config) == 'heldout':
     return prompt_pool(settings, 'heldout', tokenizer, seed=config.seed)
-  rs = [e for task in settings.tasks for e in suites.load(task, 'train', seed=config.seed) if rs_only(e, config.seed)]
+  rs = prompts.prompt_set(settings.tasks, 'train', seed=config.seed, where=lambda e: rs_only(e, config.seed))
   rs_answers = {(e.task, e.answer) for e in rs}
-  return [e for e in pool if (e.task, e.answer) not in rs_answers and not e.meta.get(nl2sql.RL_ONLY)]
+  extra = {e.id for e in _extra_prompts(settings, config.seed)}
+  return [e for e in pool if (e.task, e.answer) not in rs_answers and e.id not in extra]
 
 
 def reserve_eval(config, tokenizer: Tokenizer, pool: Sequence[Example]
@@ -376,7 +367,7 @@ def eval_examples(selected: Sequence[Example], heldout: Sequence[Example], count
   available = sum(len(groups[key]) for key, n in mix.items() if n)
   if available < count:
     raise errors.UserError(f'config.rlvr.eval_prompts={count}, but the held-out split has only {available} '
-                               'prompts of the selected prompts\' tasks and languages')
+                           'prompts of the selected prompts\' tasks and languages')
   counts = allocate(count, mix, {key: len(members) for key, members in groups.items()})
   rng = np.random.default_rng([seed, 29])
   chosen = []
@@ -422,7 +413,7 @@ def run(config, workdir: str) -> None:
                   if key.startswith(('eval/correctness', 'eval/language_mismatch', 'eval/response_length'))}
     return metrics
 
-  prompts = [rollouts.render_prompt(tokenizer, e) for e in selected]
+  rendered = [rollouts.render_prompt(tokenizer, e) for e in selected]
   prompt_batches = iter(pipeline.shard(grain.MapDataset.range(len(selected))).shuffle(seed=config.seed).repeat()
                         .batch(config.batch_size // jax.process_count()).to_iter_dataset())
 
@@ -437,9 +428,9 @@ def run(config, workdir: str) -> None:
     examples = [selected[int(i)] for i in indices]
     with sharding.activate(mesh):
       groups = rollouts.generate_and_score(model_config, state.params, tokenizer, examples,
-                                           [prompts[int(i)] for i in indices], rng,
+                                           [rendered[int(i)] for i in indices], rng,
                                            samples_per_prompt=settings.samples_per_prompt, **rollout_options(config))
-    batch, zero_variance = training_batch([prompts[int(i)] for i in indices], groups,
+    batch, zero_variance = training_batch([rendered[int(i)] for i in indices], groups,
                                           length_multiple=settings.length_multiple,
                                           score_multiple=config.sampling.max_new_tokens)
     if reference is not None:

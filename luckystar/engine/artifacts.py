@@ -1,0 +1,65 @@
+"""Files a stage derives once and keeps in its workdir (prompt selection, DPO pairs and reference
+log-probs, rejection-sampled traces, a finished pipeline stage), keyed by a fingerprint of what they
+depend on: a re-run reuses them, and one made under other settings is never reused silently."""
+
+import json
+import pathlib
+from typing import Any, Callable, Mapping
+
+from absl import logging
+import jax
+from jax.experimental import multihost_utils
+
+from luckystar import errors
+
+Files = Mapping[str, str | bytes]   # file name in the workdir → its content
+
+
+def write_atomically(path: pathlib.Path, content: str | bytes) -> None:
+  """`content` to `path` through a temporary file beside it: a crash leaves the old file or the new one, whole."""
+  tmp = path.with_name(path.name + '.tmp')
+  if isinstance(content, bytes):
+    tmp.write_bytes(content)
+  else:
+    tmp.write_text(content, encoding='utf-8')
+  tmp.replace(path)
+
+
+def plain(value: Any) -> Any:
+  """`value` as its JSON record holds it: tuples become lists, ConfigDicts dicts."""
+  return json.loads(json.dumps(value, default=lambda v: v.to_dict() if hasattr(v, 'to_dict') else str(v)))
+
+
+def load_or_build(workdir: str | pathlib.Path, record_name: str, fingerprint: Mapping[str, Any],
+                  build: Callable[[], tuple[dict[str, Any], Files]], *, what: str, stale: str = 'error',
+                  remove: str | None = None) -> dict[str, Any]:
+  """The record of an artifact in `workdir`: `build()` → (record, files) the first time, reused after.
+
+  The record, workdir/record_name holding {'fingerprint': ..., **record}, is written after `files`, each
+  atomically and by process 0 only, so its presence means the artifact is whole. A record made under
+  another fingerprint is a UserError naming the keys that differ and what to `remove` to make it again
+  (stale='error'), or is built again (stale='rebuild': a cache keyed by the data itself, where another key is
+  simply other data)."""
+  workdir, fingerprint = pathlib.Path(workdir), plain(fingerprint)
+  path = workdir / record_name
+  if path.is_file():
+    saved = json.loads(path.read_text(encoding='utf-8'))
+    if saved.get('fingerprint') == fingerprint:
+      logging.info('%s: reusing %s', what, path)
+      return saved
+    if stale == 'error':
+      old = saved.get('fingerprint') or {}
+      differ = sorted(key for key in old.keys() | fingerprint.keys() if old.get(key) != fingerprint.get(key))
+      details = ', '.join(f'{key}: {old.get(key, "<absent>")!r} there, {fingerprint.get(key, "<absent>")!r} now'
+                          for key in differ[:6])
+      raise errors.UserError(f'{path}: {what} made under other settings ({details}); use a new --workdir, or '
+                             f'delete {remove or path} to make it again')
+    logging.info('%s: %s was made for other settings; making it again', what, path)
+  record, files = build()
+  if jax.process_index() == 0:
+    for name, content in files.items():
+      write_atomically(workdir / name, content)
+    write_atomically(path, json.dumps({'fingerprint': fingerprint, **record}, indent=1, ensure_ascii=False) + '\n')
+  if jax.process_count() > 1:  # the other processes may read the files next (a pipeline's next stage)
+    multihost_utils.sync_global_devices(f'artifact {path}')
+  return {'fingerprint': fingerprint, **record}

@@ -18,27 +18,16 @@ steps. Held-out correctness and response length in both modes (`eval/*`, 128 pro
 language of Korean MC, chat and math) are logged at step 0, every 120 steps and at the end. Re-running
 the same command on the same workdir resumes (and reuses the pairs and the reference log-probs).
 
-The Korean MC chosen reply keeps the option's text before the letter ('를 정답: C', 7 tokens against the
-sentence's 11.8): the policy picks the particle right 89–96% of the time but finds its letter in the
-option list far less often, and answering with the letter alone cost it up to half its MC correctness
-(experiments/sweeps/dpo_anchors.md). Relearning that lookup in the new format takes time: MC correctness
-dips (15.6% at step 120) and recovers past the start by step 360.
+The Korean MC chosen reply keeps the option's text before the letter ('를 정답: C'): the policy picks the
+particle far more reliably than it finds the letter, so the letter alone costs MC correctness, and
+relearning the lookup in the new format takes the long schedule (experiments/sweeps/dpo_anchors.md).
 
-Math is not among the pair tasks. The policy cannot do arithmetic without thinking, so a direct math answer
-is a number it would have to guess. Pairs against its concise math reply ('The answer is 35.') took
-reasoning-mode math from 97.7% to 85.5% without anchors (`:with_math`, experiments/sweeps/dpo_with_math.md)
-and to 89–93% with them (experiments/sweeps/dpo_anchors.md).
+Math is not among the pair tasks: the policy cannot do arithmetic without thinking, so a direct math
+answer is a number it would have to guess, and pairs teaching that guess cost reasoning-mode math.
 
 Starts from `tiny-rlvr` (DESIGN §7; --config.init_from takes any policy, e.g. an RLVR run directory).
-`python experiments/dpo_conciseness.py` runs it and writes experiments/dpo_conciseness.md. Measured on 2 CPU
-cores (seed 0): about 32 min (pairs and anchors 6 min, 1.75 s a step, 1.3 min an eval; the same run on a
-360-step schedule took 28 min alone), 435 pairs and 327 anchor rows; every part of the claim holds at the end:
-- concise replies to the concise-style prompts (Korean MC, chat) are 31.1% shorter (10.5 → 7.3 tokens);
-- concise correctness 21.6% → 25.3% on those prompts (Korean MC 21.9% → 27.3%, chat 21.0% → 21.0%) and
-  9.6% → 12.1% over all eval tasks;
-- reasoning-mode correctness 65.2% → 63.9% (−1.3 points; chat −4.8, math −2.3, Korean MC +2.3).
-One seed: the same settings on a 360-step schedule ended at −2.7 points on the concise-style prompts.
-Without anchors, such pairs cost reasoning mode 13 points.
+`python experiments/dpo_conciseness.py` runs it and writes experiments/dpo_conciseness.md.
+Expected on 2 CPU cores: ~32 min; concise Korean MC / chat replies ~31% shorter, reasoning mode within 2 points.
 
 `:with_math` adds short math to the pair tasks (the ablation behind the math paragraph above).
 
@@ -54,7 +43,7 @@ from luckystar import config as config_lib
 def get_config(arg=None):
   config = config_lib.base('dpo')
   config.init_from = 'tiny-rlvr'         # the post-RL policy (DESIGN §7)
-  config.total_steps = 600               # ≈ 6.3 epochs of 435 pairs + 327 anchor rows at batch 8
+  config.total_steps = 600               # ≈ 6 epochs of pairs and anchors at batch 8: the MC lookup needs them
   config.batch_size = 8                  # pairs per step (all processes)
   config.learning_rate = 1e-4            # low: a tenth of SFT's 1e-3; 1e-5 moves no greedy reply
   config.warmup_steps = 5

@@ -10,14 +10,7 @@ penalty·language mismatch), and takes one RLOO update. Held-out correctness and
 reasoning mode, greedy; `eval/sampled/*`, pass@1 of 2 draws at the sampling temperature;
 `eval_prompts` prompts with the RL task/language mix) are logged at step 0 and at the end.
 Re-running the same command on the same workdir resumes.
-Measured on 2 CPU cores (2026-12-04, the verifiers of commit 28fc53b): 11 min 51 s; selection kept 114
-of 208 prompts (chat 69, function calling 10, math 35, NL2SQL 0); held-out (200: math 107, chat 62,
-function calling 31) greedy correctness 59.0% → 65.5% (chat 21.0% → 43.5%: RL teaches the policy to
-hand chat arithmetic to the calculator, which SFT left it doing in a third of its samples), sampled
-pass@1 53.2% → 56.2%, Korean→English mismatch 1 prompt → none (1.1% → 0.0% of the Korean prompts with
-a parsable reply; README, "RLVR"). 32 steps: the 24 of the run shipped as `tiny-rlvr` (commit 45bf407)
-gave +6.5 points under the older verifiers, but +4.5 under the fixed ones, whose stricter chat check no
-longer pays answers such as '1044.' for 104.
+Expected on 2 CPU cores: ~12 min; held-out greedy correctness 59% → 65.5% (README, "RLVR").
 
 `:smoke` (tests): 3 steps on 2 prompts × 4 samples with short replies.
 """
@@ -32,24 +25,20 @@ def get_config(arg=None):
   config.init_from = 'tiny-sft'
   config.total_steps = 32
   config.batch_size = 8                  # prompts per step (all processes); rollouts = batch_size × samples_per_prompt
-  config.learning_rate = 1e-4            # 2e-4 for 32 steps cut held-out math 93.8% → 83.8% (README, "RLVR")
+  config.learning_rate = 1e-4            # higher rates erode the math tiny-sft already answers right
   config.warmup_steps = 0
   config.log_every = 1
   config.eval_every = 0                  # held-out eval at step 0 and at the end only
   config.checkpoint_every = 5
   config.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=160))
   config.rlvr = ml_collections.ConfigDict(dict(
-      # Verifiable tasks where tiny-sft's samples disagree for a reason: chat (fact recall varies between
-      # samples), function calling, math; NL2SQL is the cold start (pass rate ≈ 0 until rejection-sampled
-      # SFT). Korean MC is left out: in reasoning mode tiny-sft's letter is a 1-in-10 guess, which passes the
-      # [1/8, 7/8] filter 57% of the time by luck and carries no learnable signal (README, "RLVR").
+      # Verifiable tasks where tiny-sft's samples disagree for a learnable reason; NL2SQL is the cold start
+      # (pass rate ≈ 0 until rejection-sampled SFT). Korean MC is left out: in reasoning mode its letter is a
+      # 1-in-10 guess, which passes the [1/8, 7/8] filter by luck and carries no learnable signal.
       tasks=('chat', 'function_calling', 'math', 'nl2sql'),
       samples_per_prompt=8,
-      # r = correctness − penalty·[response language ≠ prompt language]. The paper's 0.5 still pays a correct
-      # English answer to a Korean prompt more than a wrong Korean one; an older tiny-sft drifted under it
-      # (held-out Korean→English 0 → 11% in 32 steps at 2e-4) and not at 1.0. The current one drifts under no
-      # penalty in these 32 steps (1.1% → 0.0 / 1.3 / 0.0%, one prompt or none, at 0 / 0.5 / 1.0;
-      # experiments/language_penalty.md).
+      # r = correctness − penalty·[response language ≠ prompt language]. 1.0, not the paper's 0.5, which still
+      # pays a correct English answer to a Korean prompt more than a wrong Korean one (experiments/language_penalty.md).
       language_penalty=1.0,
       drop_overlong=True,          # overlong rollouts leave the baseline and the loss
       kl_beta=0.0,                 # 0 ⇒ no reference params held in memory
@@ -57,7 +46,7 @@ def get_config(arg=None):
       updates_per_batch=1,
       normalize='tokens',          # or 'sequences'
       max_prompt_tokens=384,
-      nl2sql_rl_databases=0,       # > 0: RL-only NL2SQL databases per domain join the pool (nl2sql.rl_suite)
+      extra_prompts=(),            # registered prompt sources (data.sources): an experiment's train prompts, no own key
       max_tool_turns=2,
       max_tool_result_tokens=96,
       length_multiple=64,          # batches are padded to a multiple of this many tokens

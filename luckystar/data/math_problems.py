@@ -7,10 +7,9 @@ with the same steps in both languages, so the English-vs-Korean thinking ablatio
 A trace sets the problem up step by step as one arithmetic expression (`meta['expression']`,
 the last step's), and the reasoning-mode conversation computes it with the `calculator` tool
 (`luckystar.tools.calculator`) before answering: the agent reasons, the tool does the digits.
-A 5M-parameter model does not learn multi-digit arithmetic in its weights at our budget
-(measured: traces with the results written out, and with column-by-column scratchpads, both
-stay at 2-6 of 128 held-out problems; README "Bundled models"), while copying numbers into an
-expression and a tool's result into the answer is what it does well.
+A 5M-parameter model does not learn multi-digit arithmetic in its weights at our budget, even
+from scratchpad traces (README, "Bundled models"), while copying numbers into an expression and
+a tool's result into the answer is what it does well.
 """
 
 import random

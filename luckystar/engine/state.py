@@ -40,7 +40,7 @@ def check_vocab(init_from: str, model_config: model.ModelConfig, tokenizer: Any)
   """A UserError naming `config.init_from` when the tokenizer has ids the model cannot embed."""
   if tokenizer is not None and tokenizer.vocab_size > model_config.vocab_size:
     raise errors.UserError(f'config.init_from={init_from!r} has {model_config.vocab_size} token embeddings, '
-                               f'fewer than the tokenizer\'s {tokenizer.vocab_size}')
+                           f'fewer than the tokenizer\'s {tokenizer.vocab_size}')
 
 
 def initial_model(init_from: str, overrides: Any = None) -> tuple[model.ModelConfig, Any | None]:

@@ -12,9 +12,8 @@ Micro-batch i takes rows i, i + k, i + 2k, ... so every device keeps working on 
 A non-finite loss or gradient norm skips the update: params and optimizer state stay bitwise
 unchanged, `step` still advances, and `train/skipped_updates` counts such steps (cumulative). So does an
 all-zero gradient (an RLOO batch whose groups all have zero variance, and no KL term): it carries no
-signal, yet Adam would move the weights by its momentum, and weight decay would shrink them. In the NL2SQL
-cold start one lucky group's step was so applied about ten times over, the policy's entropy doubled over the
-zero-gradient steps after it, and held-out NL2SQL fell from 4.2% to 0% (experiments/cold_start.md).
+signal, yet Adam would move the weights by its momentum, re-applying the last real step many times over,
+and weight decay would shrink them.
 """
 
 import dataclasses

@@ -12,7 +12,7 @@ A response is correct when
    'Monday, Tuesday, …, or Sunday.' and '서울, 도쿄, 베이징, 파리 중 하나입니다.' list candidates and
    are wrong, while 'The day after Sunday is Monday.' restates the question and is right.
 
-(A plain substring test graded all three kinds of wrong answer above as correct.)
+(A plain substring test would grade all three kinds of wrong answer above as correct.)
 """
 
 import functools

@@ -14,7 +14,7 @@ How a text is read
    of the SQL), URLs, e-mail addresses and JSON keys. What code markers hold is
    read like any text: its identifiers and keywords weigh 0 (step 3), its prose
    counts, so an English answer in backticks is still English (dropping code
-   whole let a Korean prompt's English answer escape the penalty that way).
+   whole would let a Korean prompt's English answer escape the penalty that way).
 3. Split on spaces (and , ; / |) into words and weigh each:
    - a word holding any Hangul letter (syllable or jamo) is one Korean word,
      even with Latin or digits in it: `Samsung이`, `total_sales는`,

@@ -25,12 +25,8 @@ off (a stage whose config changed since is an error: use a new workdir or delete
   eval_base, eval_final, eval_int4   the eval stage on `tiny-base`, the DPO policy and its int4 export
                         (Tables 3 and 4; BFCL and CHAMP are cut to a few problems each for time)
 
-Writes workdir/report.md and report.json (every finding with its numbers and whether its direction
-reproduced, stage wall times) and workdir/plots/*.png.
-Measured on 2 CPU cores (seed 0): 73 min; the report is experiments/paper_reproduction.md (README,
-"Paper reproduction"): English thinking beats Korean thinking (Table 1, by 2 of 64 prompts), the recipe
-beats the base on reasoning-mode math, and int4 keeps the scores (1.8 points); the penalty's effect on
-drift (Table 2), the cold start, DPO's length cut and Table 4 do not reproduce at this size.
+Each stage writes its own outputs in workdir/<name>; `python experiments/paper_report.py --workdir=DIR`
+then reports every paper finding with its numbers. Expected on 2 CPU cores: ~73 min (experiments/paper_reproduction.md).
 `:smoke` (tests): the chain teacher → rejection_sampling → sft → rlvr → dpo → quantize → eval with a
 few steps and prompts each; DPO starts from a random policy (a barely trained one is never verbose,
 so it would have no pairs).

@@ -8,12 +8,9 @@
 packed into rows of `sft.seq_len` tokens, loss on assistant tokens only. Re-running the same
 command on the same workdir resumes. Writes metrics.jsonl, TensorBoard events, plots/*.png and
 checkpoints/ (loadable as `init_from` of the next stage).
-Expected on 2 CPU cores (measured for the shipped `tiny-sft`): ≈ 33 min; train/loss 6.5 → 0.04,
-eval/loss (held-out conversations) 6.9 → 0.11; held-out reasoning-mode math (traces that call the
-calculator) 6% → 100% on the run's eval set, 99.2% in the README table, hybrid format 99.6%.
+Expected on 2 CPU cores: ≈ 33 min; held-out reasoning-mode math 6% → ~100% (experiments/notes.md).
 
-`:base` makes `tiny-base` from random init (≈ 60 min; train/loss 7.3 → 0.50, eval/loss 9.0 → 0.80;
-held-out concise Korean MC 61%, chat 57% en / 19% ko).
+`:base` makes `tiny-base` from random init (≈ 60 min).
 `python experiments/bundled_models.py tiny-base tiny-sft` runs both and exports them.
 `:smoke` (tests; ~35 s on 2 busy cores, mostly compiling): a random `tiny` model on a synthetic
 reverse-the-prompt task, 4 steps, a checkpoint every 2.
@@ -61,7 +58,7 @@ def get_config(arg=None):
     # The teacher split plus `nl2sql.teacher_suite` (32 mixed-wording and 16 training-wording databases per
     # domain): ~4000 reasoning and ~960 concise conversations. Every layer sees the whole 512-token row: a query
     # names tables and columns from the schema and values from the question, 60-250 tokens back, beyond
-    # `tiny`'s 64-token window (only 1 layer in 4 is global there). Measured (experiments/cold_start.md): ~33 min on 2 CPU cores.
+    # `tiny`'s 64-token window (only 1 layer in 4 is global there). ~33 min on 2 CPU cores.
     config.init_from = 'tiny-base'
     config.model_overrides = ml_collections.ConfigDict(dict(sliding_window=512))
     config.total_steps = 800

@@ -48,7 +48,7 @@ def _mean(values) -> float:
   return float(np.mean(values)) if values else math.nan
 
 
-def _suite(results: dict[str, Any] | None, suite: str, mode: str, key: str = 'accuracy') -> float:
+def _suite(results: dict[str, Any] | None, suite: str, mode: str, key: str = 'correctness') -> float:
   if not results:
     return math.nan
   return results['suites'].get(suite, {}).get(mode, {}).get(key, math.nan)
@@ -71,8 +71,8 @@ def _table1(workdir, have) -> dict[str, Any] | None:
   if not have('eval_sft', 'eval_sft_korean_thinking'):
     return None
   english, korean = (_json(workdir / name / 'results.json') for name in ('eval_sft', 'eval_sft_korean_thinking'))
-  rows = [[label, 100 * _suite(r, 'math', 'reasoning', 'accuracy/ko'), 100 * _suite(r, 'korean_mc', 'reasoning'),
-           100 * _suite(r, 'math', 'reasoning', 'accuracy/en')]
+  rows = [[label, 100 * _suite(r, 'math', 'reasoning', 'correctness/ko'), 100 * _suite(r, 'korean_mc', 'reasoning'),
+           100 * _suite(r, 'math', 'reasoning', 'correctness/en')]
           for label, r in (('English thinking (`sft`)', english), ('Korean thinking (`sft_korean_thinking`)', korean))]
   gap = rows[0][1] - rows[1][1]   # only math has Korean traces: the other columns show the runs' noise
   return _finding('Table 1: English vs Korean thinking for Korean prompts',

@@ -126,7 +126,7 @@ def greedy_tokens(logits: Array) -> Array:
   return jnp.minimum(first, logits.shape[-1] - 1)  # NaN logits: some valid id rather than out of range
 
 
-def token_logprobs(logits: Array, tokens: Array) -> Array:
+def chosen_logprobs(logits: Array, tokens: Array) -> Array:
   """log softmax(logits)[tokens] for logits [B, V], tokens [B], without materialising the log-softmax."""
   return jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(logits, axis=-1)
 
@@ -135,12 +135,12 @@ def choose_tokens(logits: Array, rng: Array, settings: SamplingSettings) -> tupl
   """logits [B, V] float32 → (tokens [B], sampled-distribution log-probs [B], untruncated log-probs [B])."""
   if settings.temperature == 0:
     tokens = greedy_tokens(logits)
-    untruncated = token_logprobs(logits, tokens)
+    untruncated = chosen_logprobs(logits, tokens)
     return tokens, jnp.zeros_like(untruncated), untruncated
   scaled = logits / settings.temperature
   truncated = truncated_logits(scaled, settings.top_k, settings.top_p)
   tokens = jax.random.categorical(rng, truncated, axis=-1)
-  return tokens, token_logprobs(truncated, tokens), token_logprobs(scaled, tokens)
+  return tokens, chosen_logprobs(truncated, tokens), chosen_logprobs(scaled, tokens)
 
 
 @functools.partial(jax.jit, static_argnames=('decoder', 'max_new_tokens', 'settings'))

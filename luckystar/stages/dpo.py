@@ -19,8 +19,7 @@ starting policy's own verified-correct replies y_a instead of a pair and add anc
 (−log π(y_a) / |y_a|) and no preference term: on samples of the reference that is, up to a constant,
 a Monte Carlo estimate of KL(π_ref ‖ π) on those prompts (restricted to its correct replies), a
 regulariser that needs no reference model in memory. It keeps the other mode where it was while the
-pairs move this one: without it, concise-mode pairs cost the small policy's reasoning mode 13 points
-(experiments/sweeps/dpo_anchors.md). Each term is a mean over rows (pairs and anchors), so the loss is
+pairs move this one (experiments/sweeps/dpo_anchors.md). Each term is a mean over rows (pairs and anchors), so the loss is
 Σ over rows / rows and gradient accumulation stays exact (`step.accumulate_gradients`, denominator
 'pairs'). Only response tokens count (`loss_mask`, as `Tokenizer.render` and the sampler lay it out):
 prompt and tool-result tokens have weight 0 in every log-prob here.
@@ -256,8 +255,7 @@ def direct_response(example: Example) -> str:
   the letter alone where the example does not list its options), the short reference of a chat question
   or the final answer of a math problem ('Berlin.', '베를린입니다.', '34.', '34입니다.').
 
-  The option's text stays because the small policy finds the letter through it: answering with the
-  letter alone, its Korean MC correctness fell from 21.9% to 10–18% (experiments/sweeps/dpo_anchors.md)."""
+  The option's text stays because the small policy finds the letter through it (experiments/sweeps/dpo_anchors.md)."""
   if example.task == 'korean_mc':
     options = example.meta.get('options')
     if options is None:

@@ -67,11 +67,12 @@ def rs_prompts(config) -> list[Example]:
   settings = config.rejection_sampling
   if unknown := [task for task in settings.tasks if task not in TASKS]:
     raise errors.UserError(f'config.rejection_sampling.tasks names {unknown}; tasks are {TASKS}')
+
   def wanted(example: Example) -> bool:
     return rs_only(example, config.seed) and (example.task != 'math' or (
         example.difficulty in settings.math_difficulties and example.language in settings.math_languages))
-  return [e for task in settings.tasks
-          for e in prompts.prompt_set((task,), 'train', seed=config.seed, where=wanted)[:settings.max_prompts or None]]
+  per_task = [prompts.prompt_set((task,), 'train', seed=config.seed, where=wanted) for task in settings.tasks]
+  return [e for examples in per_task for e in examples[:settings.max_prompts or None]]
 
 
 # ---- which traces to keep (pure) -------------------------------------------------------------------

@@ -349,8 +349,8 @@ def reserve_eval(config, tokenizer: Tokenizer, pool: Sequence[Example]
                  ) -> tuple[list[Example], list[Example]]:
   """eval_split='train': (the eval set, RL's pool without it). The eval set is drawn first, with the pool's
   (task, language) mix (`eval_examples`), and every pool prompt that shares a gold answer with it leaves the
-  pool; prompt selection can then measure all the rest. (Drawing the eval set after selection, from prompts it
-  never measured, left only ~130 of 452 NL2SQL prompts to measure beside a 144-prompt eval set.)"""
+  pool; prompt selection can then measure all the rest (drawn after selection, the eval set would take prompts
+  selection could have measured)."""
   heldout = eval_examples(pool, eval_pool(config, tokenizer, pool), config.rlvr.eval_prompts, config.seed)
   taken = {(e.task, e.answer) for e in heldout}
   return heldout, [e for e in pool if (e.task, e.answer) not in taken]

@@ -236,7 +236,7 @@ def report_markdown(results: dict[str, Any]) -> str:
   lines = [f'# Evaluation of `{results["init_from"]}`', '',
            f'Greedy decoding, at most {results["settings"]["max_new_tokens"]} new tokens, SQL tool loop on for NL2SQL; '
            'correctness in % of scorable prompts (`luckystar/stages/eval.py`).', '',
-           '## Accuracy per suite', '',
+           '## Correctness per suite', '',
            '| suite | metric | ' + ' | '.join(modes) + ' | prompts | unscorable |',
            '|---|---|' + '---|' * len(modes) + '---|---|']
   for name in suites:

@@ -6,7 +6,7 @@
 
 80% reasoning-mode / 20% concise-mode conversations (`luckystar.data.conversations.sft_sources`),
 packed into rows of `sft.seq_len` tokens, loss on assistant tokens only. Re-running the same
-command on the same workdir resumes. Writes metrics.jsonl, TensorBoard events, plots/*.png and
+command on the same workdir resumes. Writes metrics.jsonl, TensorBoard events, plots/summary.png and
 checkpoints/ (loadable as `init_from` of the next stage).
 Expected on 2 CPU cores: ≈ 33 min; held-out reasoning-mode math 6% → ~100% (experiments/notes.md).
 

@@ -26,8 +26,14 @@ def start(config: str, workdir, *, cache_dir, crash_after=None, overrides=(), en
 
 
 def finish(process: subprocess.Popen, timeout: float = 600) -> tuple[int, str]:
-  _, stderr = process.communicate(timeout=timeout)
-  return process.returncode, stderr
+  code, _, stderr = outputs(process, timeout)
+  return code, stderr
+
+
+def outputs(process: subprocess.Popen, timeout: float = 600) -> tuple[int, str, str]:
+  """(return code, stdout, stderr) of a started run: stdout holds the run's printed summary."""
+  stdout, stderr = process.communicate(timeout=timeout)
+  return process.returncode, stdout, stderr
 
 
 def params(workdir):
@@ -39,13 +45,14 @@ def steps(workdir):
 
 
 def whole_and_resumed(config: str, root: pathlib.Path, *, crash_after: int, overrides=()) -> dict:
-  """An uninterrupted run, and one killed after step `crash_after` then re-run, of the same config."""
+  """An uninterrupted run, and one killed after step `crash_after` then re-run, of the same config; 'stdout' is
+  the uninterrupted run's."""
   cache, whole, resumed = root / 'jax_cache', root / 'whole', root / 'resumed'
-  code, log = finish(start(config, whole, cache_dir=cache, overrides=overrides))
+  code, stdout, log = outputs(start(config, whole, cache_dir=cache, overrides=overrides))
   assert code == 0, log[-3000:]
   code, log = finish(start(config, resumed, cache_dir=cache, crash_after=crash_after, overrides=overrides))
   assert code == -signal.SIGKILL, log[-3000:]
   after_crash = {'checkpoints': sorted(p.name for p in (resumed / 'checkpoints').iterdir()), 'steps': steps(resumed)}
   code, resume_log = finish(start(config, resumed, cache_dir=cache, overrides=overrides))
   assert code == 0, resume_log[-3000:]
-  return {'whole': whole, 'resumed': resumed, 'after_crash': after_crash, 'resume_log': resume_log}
+  return {'whole': whole, 'resumed': resumed, 'after_crash': after_crash, 'resume_log': resume_log, 'stdout': stdout}

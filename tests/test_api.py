@@ -39,6 +39,7 @@ def test_load_casts_to_the_requested_param_dtype(hf_dir):
   assert model.logits(np.zeros((1, 3), np.int32)).dtype.name == 'float32'
 
 
+@pytest.mark.fast
 def test_logits_reject_bad_ids(hf_dir):
   model = luckystar.load(hf_dir)
   with pytest.raises(ValueError, match=r'\[batch, length\]'):
@@ -47,6 +48,7 @@ def test_logits_reject_bad_ids(hf_dir):
     model.logits(np.array([[tokenizer_lib.VOCAB_SIZE]]))
 
 
+@pytest.mark.fast
 def test_load_errors_name_the_path(tmp_path):
   with pytest.raises(FileNotFoundError, match='no-such-dir'):
     luckystar.load(tmp_path / 'no-such-dir')
@@ -57,6 +59,7 @@ def test_load_errors_name_the_path(tmp_path):
     luckystar.load(tmp_path)
 
 
+@pytest.mark.fast
 def test_every_bundled_name_ships_and_no_other_name_is_reserved():
   from luckystar import api
   assert all((api.BUNDLED_DIR / name).is_dir() for name in api.BUNDLED_MODELS)
@@ -92,6 +95,26 @@ def test_generate_follows_the_chat_template_and_the_sampler(chat_model):
   assert single.rollout.token_ids.tolist() == replies[0].rollout.token_ids.tolist()
 
 
+@pytest.mark.fast
 def test_generate_needs_our_tokenizer(hf_dir):
   with pytest.raises(ValueError, match='no luckystar tokenizer'):
     luckystar.load(hf_dir).generate('hi')
+
+
+def test_generate_refuses_a_missing_database_before_sampling(chat_model, tmp_path, monkeypatch):
+  from luckystar import sampling
+
+  class Sampled(Exception):
+    pass
+
+  def rollout(*args, **kwargs):
+    raise Sampled
+  monkeypatch.setattr(sampling, 'rollout', rollout)
+  missing = tmp_path / 'no-such.sqlite'
+  for prompts, tools in (('hi', missing), ('hi', str(missing)), (['hi', 'there'], [None, missing])):
+    with pytest.raises(FileNotFoundError, match='no-such.sqlite'):
+      chat_model.generate(prompts, tools=tools)
+  existing = tmp_path / 'db.sqlite'
+  existing.write_bytes(b'')
+  with pytest.raises(Sampled):   # an existing database (and None for no database) goes on to sampling
+    chat_model.generate(['hi', 'there'], tools=[existing, None])

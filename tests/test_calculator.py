@@ -1,5 +1,6 @@
 """The calculator tool: exact values, and adversarial expressions refused with a reason."""
 
+import pytest
 from fractions import Fraction
 
 import hypothesis
@@ -7,6 +8,8 @@ from hypothesis import strategies as st
 
 from luckystar.data import math_problems
 from luckystar.tools import calculator
+
+pytestmark = pytest.mark.fast
 
 
 def test_exact_arithmetic_and_the_answer_format():

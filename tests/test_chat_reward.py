@@ -7,6 +7,8 @@ from luckystar.data.examples import Example
 from luckystar.rewards import chat, reward
 from luckystar.tokenizer import AssistantTurn
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize('prompt,answer,response', [
     ('12월 다음 달은 몇 월인가요?', '1월', '11월입니다.'),          # a digit runs into the answer

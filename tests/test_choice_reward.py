@@ -6,6 +6,8 @@ import pytest
 
 from luckystar.rewards import choice
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize('response, expected', [
     # Bare and wrapped letters.

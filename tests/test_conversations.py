@@ -13,6 +13,8 @@ from luckystar.data.examples import SPLITS
 from luckystar.rewards import language, reward
 from luckystar.stages import sft
 
+pytestmark = pytest.mark.fast
+
 TASKS = ('math', 'function_calling', 'korean_mc', 'chat', 'nl2sql')
 
 

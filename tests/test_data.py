@@ -11,6 +11,8 @@ from luckystar.data import chat, function_calling, korean, korean_mc, loaders, m
 from luckystar.data.examples import LANGUAGES, SPLITS, TASKS
 from luckystar.tools import sql as sql_tool
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture(scope='session')
 def db_dir(tmp_path_factory):

@@ -40,6 +40,7 @@ HAND = {('sigmoid', 0.0): 0.598139,                    # DPO: −log σ(βh)
         ('ipo', 0.0): (2.0 - 5.0) ** 2}                # IPO: (h − 1/(2β))² = 9
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize('loss_type, label_smoothing', list(HAND))
 def test_each_loss_variant_equals_the_hand_computed_value(loss_type, label_smoothing):
   losses = dpo.preference_losses(jnp.array([1.5]), jnp.array([-0.5]), beta=0.1, loss_type=loss_type,
@@ -47,6 +48,7 @@ def test_each_loss_variant_equals_the_hand_computed_value(loss_type, label_smoot
   np.testing.assert_allclose(losses, [HAND[loss_type, label_smoothing]], atol=1e-5)
 
 
+@pytest.mark.fast
 def test_loss_settings_are_checked():
   with pytest.raises(ValueError, match='loss_type'):
     dpo.preference_losses(jnp.zeros(1), jnp.zeros(1), beta=0.1, loss_type='hinge')
@@ -89,6 +91,7 @@ def _hand_logps(logits, batch):
   return out
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize('loss_type, label_smoothing, sft_weight',
                          [('sigmoid', 0.0, 0.0), ('sigmoid', 0.1, 0.5), ('robust', 0.1, 0.0), ('ipo', 0.0, 0.0)])
 def test_loss_fn_on_the_fixture_batch(fixed_logits, loss_type, label_smoothing, sft_weight):
@@ -115,6 +118,7 @@ def test_loss_fn_on_the_fixture_batch(fixed_logits, loss_type, label_smoothing, 
     np.testing.assert_allclose(aux[name], value, rtol=1e-5, err_msg=name)
 
 
+@pytest.mark.fast
 def test_an_anchor_row_adds_only_its_weighted_nll_and_stays_out_of_the_pair_metrics(fixed_logits):
   batch = {**_fixture_batch(), 'anchor': np.array([0, 1], np.int32)}   # row 1: an anchor
   loss, aux = dpo.loss_fn(None, batch, None, model_config=MICRO, beta=0.1, sft_weight=0.5, anchor_weight=2.0)
@@ -130,6 +134,7 @@ def test_an_anchor_row_adds_only_its_weighted_nll_and_stays_out_of_the_pair_metr
     np.testing.assert_allclose(aux[name], value, rtol=1e-5, err_msg=name)
 
 
+@pytest.mark.fast
 def test_prompt_and_tool_tokens_never_contribute(fixed_logits, monkeypatch):
   batch = _fixture_batch()
   loss, aux = dpo.loss_fn(None, batch, None, model_config=MICRO, sft_weight=0.5)
@@ -165,6 +170,7 @@ def _pair(chosen, rejected, chosen_mask, rejected_mask, **extra):
           'rejected_loss_mask': rejected_mask, **extra}
 
 
+@pytest.mark.fast
 def test_pair_batch_pads_and_keeps_a_pair_in_one_row():
   pairs = [_pair([2, 5, 6], [2, 5, 7, 8, 9], [0, 1, 1], [0, 1, 1, 0, 1]), _pair([2, 3], [2, 4], [0, 1], [0, 1])]
   batch = dpo.pair_batch(pairs, np.array([1, 0]), np.array([[-1.0, -2.0], [-3.0, -4.0]]), length_multiple=4)
@@ -189,6 +195,7 @@ def _scored(example, tokenizer, response, *, correct, mismatch=False, thinking=N
                                                    reward=float(correct)))
 
 
+@pytest.mark.fast
 def test_build_pairs_kinds_limits_and_provenance(monkeypatch):
   tokenizer = tokenizer_lib.default()
   examples = [suites.load('math', 'train')[0], suites.load('chat', 'train')[0]]
@@ -222,6 +229,7 @@ def test_build_pairs_kinds_limits_and_provenance(monkeypatch):
   assert [pairs[0]['chosen_text'], pairs[2]['chosen_text']] == [dpo.direct_response(e) for e in examples]
 
 
+@pytest.mark.fast
 def test_anchor_rows_hold_the_first_correct_finished_reply_in_the_prompt_language(monkeypatch):
   tokenizer = tokenizer_lib.default()
   examples = [suites.load('math', 'train')[0], suites.load('chat', 'train')[0]]
@@ -256,6 +264,7 @@ def test_anchor_rows_hold_the_first_correct_finished_reply_in_the_prompt_languag
   assert batch['anchor'].tolist() == [1, 0]
 
 
+@pytest.mark.fast
 def test_an_unverifiable_reference_reply_is_not_chosen():
   tokenizer = tokenizer_lib.default()
   example = suites.load('math', 'train')[0]
@@ -299,6 +308,7 @@ def test_a_task_without_a_direct_answer_is_a_clear_error():
     dpo.direct_response(suites.load('nl2sql', 'train')[0])
 
 
+@pytest.mark.fast
 def test_a_malformed_pair_file_names_its_line(tmp_path):
   path = tmp_path / 'pairs.jsonl'
   good = _pair([2, 5], [2, 6], [0, 1], [0, 1])
@@ -351,13 +361,23 @@ def runs(tmp_path_factory):
   """configs/dpo.py:smoke (3 steps), then the same command with one more step on the same workdir."""
   root = tmp_path_factory.mktemp('dpo')
   workdir, cache = root / 'run', root / 'jax_cache'
-  code, log = main_runs.finish(main_runs.start(SMOKE, workdir, cache_dir=cache))
+  code, stdout, log = main_runs.outputs(main_runs.start(SMOKE, workdir, cache_dir=cache))
   assert code == 0, log[-3000:]
   first = (workdir / 'metrics.jsonl').read_text()
   code, resume_log = main_runs.finish(main_runs.start(SMOKE, workdir, cache_dir=cache,
                                                       overrides=['--config.total_steps=4']))
   assert code == 0, resume_log[-3000:]
-  return {'workdir': workdir, 'log': log, 'first_metrics': first, 'resume_log': resume_log}
+  return {'workdir': workdir, 'log': log, 'first_metrics': first, 'resume_log': resume_log, 'stdout': stdout}
+
+
+def test_smoke_run_shows_preference_accuracy_and_ends_with_concise_length_before_and_after(runs):
+  first = [json.loads(line) for line in runs['first_metrics'].splitlines()]
+  length = 'eval/concise/response_length'
+  lines = runs['stdout'].splitlines()
+  assert 'dpo: step 3 of 3' in lines
+  assert any(line.split() == [length, f'{first[0][length]:.4g}', '→', f'{first[-1][length]:.4g}', '(step', '0', '→',
+                              '3)'] for line in lines), runs['stdout']
+  assert 'rewards/accuracies=' in runs['log'] and 'rewards/margins=' in runs['log']
 
 
 def test_smoke_run_logs_trl_metrics_and_both_eval_modes(runs):

@@ -10,6 +10,7 @@ from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import bfcl, champ
 from luckystar.data import instruction_following
 from luckystar.engine import evals
+from luckystar.engine import metrics as metrics_lib
 from luckystar.stages import eval as eval_run
 from luckystar.rewards import function_call
 
@@ -47,6 +48,7 @@ def test_bfcl_gold_answers_as_model_output_score_100_percent(wrong):
     assert metrics[key] == expected, key
 
 
+@pytest.mark.fast
 def test_parse_text_reads_our_section_markers():
   thinking, response = tokenizer_lib.SECTION_TOKENS['thinking'], tokenizer_lib.SECTION_TOKENS['response']
   turn, actions = evals.parse_text(f'{thinking[0]}2+3=5{thinking[1]}{response[0]}5입니다.{response[1]}')
@@ -56,6 +58,7 @@ def test_parse_text_reads_our_section_markers():
   assert evals.parse_text('plain text') == (tokenizer_lib.AssistantTurn(response='plain text', ended=True), [])
 
 
+@pytest.mark.fast
 def test_pass_at_k_is_the_unbiased_estimator():
   for samples, correct, k in itertools.product(range(1, 7), range(7), range(1, 7)):
     if correct > samples or k > samples:
@@ -65,6 +68,7 @@ def test_pass_at_k_is_the_unbiased_estimator():
     assert math.isclose(eval_run.pass_at_k(samples, correct, k), brute), (samples, correct, k)
 
 
+@pytest.mark.fast
 def test_instruction_following_rules_accept_and_reject():
   cases = {  # kind → param → (a response that follows, one that does not)
       'max_words': lambda n: ('Berlin', ' '.join(['word'] * (n + 1))),
@@ -92,10 +96,11 @@ def test_champ_problems_load_as_math_examples():
   assert all(e.task == 'math' and e.split == 'heldout' and e.answer for e in examples)
 
 
-def test_the_eval_stage_writes_report_results_and_plots(tmp_path):
+def test_the_eval_stage_writes_report_results_and_plots(tmp_path, capsys):
   from luckystar import config as config_lib
   config = config_lib.from_file('configs/eval.py', 'smoke')
   eval_run.run(config, str(tmp_path))
+  printed = capsys.readouterr().out.splitlines()
   results = json.loads((tmp_path / 'results.json').read_text())
   report = (tmp_path / 'report.md').read_text()
   expected = set(eval_run.SUITES) - set(results['skipped'])
@@ -110,3 +115,10 @@ def test_the_eval_stage_writes_report_results_and_plots(tmp_path):
     assert (tmp_path / 'plots' / f'{chart}.png').stat().st_size > 0
   row, = [json.loads(line) for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
   assert row['step'] == 0 and 'eval/chat/concise/correctness' in row
+  # The printed summary: correctness per suite and mode, then where the report is.
+  summary = printed[printed.index(f'eval of {config.init_from}'):]
+  for name in results['suites']:
+    for mode in ('reasoning', 'concise'):
+      key = f'eval/{name}/{mode}/correctness'
+      assert any(line.split() == [key, metrics_lib.format_value(key, row[key])] for line in summary), key
+  assert any(line.split() == ['report', str(tmp_path / 'report.md')] for line in summary)

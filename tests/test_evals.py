@@ -1,6 +1,7 @@
 """The evaluation core: every eval/* metric, computed from real greedy rollouts."""
 
 import math
+import pytest
 
 import jax
 import numpy as np
@@ -46,6 +47,7 @@ def test_sampled_eval_draws_several_replies_per_prompt():
   assert [r.token_ids.tolist() for _, r, _ in again] == replies
 
 
+@pytest.mark.fast
 def test_the_eval_set_is_fixed_and_balanced():
   settings = core.Settings(tasks=('math', 'chat'), per_task_language=5)
   chosen = core.select(settings)
@@ -53,6 +55,7 @@ def test_the_eval_set_is_fixed_and_balanced():
   assert len(chosen) == 20 and {e.split for e in chosen} == {'heldout'}
 
 
+@pytest.mark.fast
 def test_hybrid_format_wants_english_thinking_and_the_prompts_language():
   from luckystar.rewards import reward
 
@@ -72,6 +75,7 @@ def test_hybrid_format_wants_english_thinking_and_the_prompts_language():
   assert not ok('명사 "가방"은 받침이 있으므로 "을"을 씁니다.', '정답: C')
 
 
+@pytest.mark.fast
 def test_korean_mismatch_rate_reads_responses_as_the_verdict_does():
   """A Korean prompt answered only with values copied from the tool has no language: it leaves the
   denominator, as it leaves the penalty."""
@@ -94,6 +98,7 @@ def test_korean_mismatch_rate_reads_responses_as_the_verdict_does():
   assert core.korean_mismatch_rate([reply('Wireless Mouse, Office Chair', ())]) == 1.0   # not from a tool: English
 
 
+@pytest.mark.fast
 def test_every_gold_korean_mc_trace_meets_the_hybrid_format():
   from luckystar.data import conversations, suites
   from luckystar.rewards import reward

@@ -186,6 +186,15 @@ def hf_tokenizer_dir(model, tmp_path_factory):
   return path
 
 
+def test_generation_config_stops_at_eos_end_of_turn_and_end_of_action(hf_tokenizer_dir):
+  """transformers (and vLLM, which reads the same file) stop at a tool call: the caller runs the tool."""
+  tok = tokenizer_lib.default()
+  generation = transformers.GenerationConfig.from_pretrained(hf_tokenizer_dir)
+  assert generation.eos_token_id == [tok.eos_id, tok.end_of_turn_id, tok.end_of_action_id]
+  assert transformers.AutoTokenizer.from_pretrained(hf_tokenizer_dir).convert_ids_to_tokens(
+      tok.end_of_action_id) == tokenizer_lib.SECTION_TOKENS['action'][1]
+
+
 def test_autotokenizer_encodes_exactly_as_ours_on_a_bilingual_set(hf_tokenizer_dir):
   from luckystar.data import suites
   ours = luckystar.load(hf_tokenizer_dir).tokenizer

@@ -13,6 +13,8 @@ from luckystar.data import bfcl
 from luckystar.rewards import function_call as fc
 from luckystar.tools import calls as tool_calls
 
+pytestmark = pytest.mark.fast
+
 # bfcl-eval==2026.3.23 (pinned in the CI install); a changed count means lost or extra examples.
 EXPECTED_COUNTS = {'simple_python': 400, 'multiple': 200, 'parallel': 200, 'parallel_multiple': 200}
 

@@ -11,6 +11,8 @@ import pytest
 
 from luckystar.rewards import judge as judge_lib
 
+pytestmark = pytest.mark.fast
+
 QUESTION, REFERENCE, CANDIDATE = '3의 제곱은?', '9', 'nine'
 
 

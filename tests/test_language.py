@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 
 from luckystar.rewards import language
 
+pytestmark = pytest.mark.fast
+
 SAMPLES_PER_LANGUAGE = 400
 ACCURACY_BAR = 0.99
 

@@ -8,6 +8,9 @@ a cycle.
 import ast
 import pathlib
 import textwrap
+import pytest
+
+pytestmark = pytest.mark.fast
 
 LAYER_ORDER = ('core', 'tasks', 'engine', 'stages', 'entry')
 

@@ -32,6 +32,7 @@ def test_unknown_nested_config_key_is_named(tmp_path):
   assert result.returncode != 0 and 'samples_per_promt' in result.stderr
 
 
+@pytest.mark.fast
 def test_every_stage_has_its_module_and_an_unknown_stage_is_named():
   """config.STAGES is the registry: each name is luckystar/stages/<name>.py with a run()."""
   for stage in config_lib.STAGES:
@@ -68,6 +69,7 @@ def test_keep_checkpoints_below_one_stops_with_the_key_named(tmp_path):
   assert 'Traceback' not in result.stderr and not (tmp_path / 'checkpoints').exists()
 
 
+@pytest.mark.fast
 def test_every_stage_config_has_the_shared_keys():
   for stage in config_lib.STAGES:
     config = config_lib.base(stage)
@@ -78,12 +80,14 @@ def test_every_stage_config_has_the_shared_keys():
     config_lib.base('pretrain')
 
 
+@pytest.mark.fast
 def test_unknown_key_with_a_close_match_names_both():
   result = _run('--config=configs/sft.py:smoke', '--config.totl_steps=3', '--workdir=/nonexistent')
   assert result.returncode != 0 and 'Traceback' not in result.stderr
   assert "unknown config key 'totl_steps' (from --config.totl_steps); did you mean 'total_steps'?" in result.stderr
 
 
+@pytest.mark.fast
 def test_a_workdir_with_checkpoints_resumes_only_under_its_own_config(tmp_path):
   """Over checkpoints, a re-run may change how long and how often (RESUME_MAY_CHANGE), nothing that would
   continue the run with other settings; the saved config.json then stays as it was."""

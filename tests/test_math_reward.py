@@ -15,6 +15,8 @@ import pytest
 
 from luckystar.rewards import math as math_reward
 
+pytestmark = pytest.mark.fast
+
 TIMEOUT_S = 1.0
 CALL_BOUND_S = TIMEOUT_S + 2.0   # the promise: a call returns within timeout_s + 2 s, restart included
 # Equivalence cases test the verdict, not the limit: on 2 cores busy with another test file (pytest-xdist)

@@ -8,6 +8,8 @@ import pytest
 import luckystar
 from luckystar.interop import hf
 
+pytestmark = pytest.mark.fast
+
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
 

@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import tempfile
 
 import nbclient
 import nbformat
@@ -21,5 +22,10 @@ def test_quickstart_notebook_executes(monkeypatch, tmp_path):
   outputs = [o for cell in notebook.cells if cell.cell_type == 'code' for o in cell.outputs]
   assert not [o for o in outputs if o.output_type == 'error']
   text = ''.join(o.get('text', '') for o in outputs)
-  assert 'max |logit difference|' in text and '[concise]' in text and 'actions:' in text
-  assert any('image/png' in o.get('data', {}) for o in outputs)   # the reward plot
+  assert 'max |logit difference|' in text and '[concise]' in text
+  # The SQL cell: an execute_sql action that the sandbox ran on a held-out database (a result with rows).
+  assert 'actions: [\'{"tool_name": "execute_sql"' in text and 'rows)\nresponse:' in text, text
+  assert any('image/png' in o.get('data', {}) for o in outputs)   # the correctness chart
+  # No machine paths in what a reader sees (warnings, printed workdirs, database files).
+  machine_paths = [p for p in (str(ROOT), tempfile.gettempdir(), os.path.expanduser('~')) if len(p) > 1]
+  assert not [p for p in machine_paths if p in text], [p for p in machine_paths if p in text]

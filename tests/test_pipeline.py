@@ -7,6 +7,8 @@ import pytest
 
 from luckystar.data import pipeline
 
+pytestmark = pytest.mark.fast
+
 SOURCES = {'reasoning': [f'r{i}' for i in range(97)], 'concise': [f'c{i}' for i in range(31)]}
 WEIGHTS = {'reasoning': 0.8, 'concise': 0.2}
 

@@ -50,6 +50,7 @@ def _candidate(ids, thinking=EN_THINKING, response=KO_RESPONSE, correct=True, en
   return rs.Candidate(tuple(ids), thinking, response, correct, ended)
 
 
+@pytest.mark.fast
 def test_korean_prompts_keep_english_thinking_with_a_korean_response_once():
   candidates = [
       _candidate([1, 2, 3]),                                   # English thinking, Korean response
@@ -67,6 +68,7 @@ def test_korean_prompts_keep_english_thinking_with_a_korean_response_once():
       'unscorable', 'unfinished', 'kept']
 
 
+@pytest.mark.fast
 def test_a_korean_response_may_list_the_english_values_its_tool_returned():
   listing = 'Wireless Mouse, Office Chair, USB Cable입니다.'
   result = 'product\nWireless Mouse\nOffice Chair\nUSB Cable\n(3 rows)'
@@ -75,6 +77,7 @@ def test_a_korean_response_may_list_the_english_values_its_tool_returned():
       'response_not_korean', 'kept']
 
 
+@pytest.mark.fast
 def test_english_prompts_have_no_language_filter_but_are_deduplicated():
   candidates = [_candidate([1], thinking=KO_THINKING, response=EN_RESPONSE), _candidate([2], response=EN_RESPONSE),
                 _candidate([2], response=EN_RESPONSE), _candidate([3], correct=False)]
@@ -100,6 +103,7 @@ def _nl2sql_rollout(tok, example, first_thinking):
   return prompt, rollout, ids, mask
 
 
+@pytest.mark.fast
 def test_nl2sql_thinking_is_read_from_the_first_turn_and_the_trace_renders_like_sft_data(tok):
   example = next(e for e in suites.load('nl2sql', 'train') if e.language == 'ko')
   for thinking, decision in (('I will count the rows with SQL, then answer.', 'kept'),
@@ -274,10 +278,19 @@ def test_stage_keeps_verified_traces_writes_its_files_and_they_join_sft(tok, tmp
   assert heldout['reasoning'] == []
 
 
-def test_smoke_run_with_a_random_teacher_writes_its_files_and_a_rerun_reuses_them(tmp_path, monkeypatch):
+def test_smoke_run_with_a_random_teacher_writes_its_files_and_a_rerun_reuses_them(tmp_path, monkeypatch, capsys):
   config = _config('rejection_sampling', 'smoke')
   rs.run(config, str(tmp_path))
+  printed = capsys.readouterr().out
   stats = json.loads((tmp_path / rs.STATS_FILE).read_text())
+  overall = stats['groups']['all']
+  # The stage ends with pass@1, pass@N, kept traces and where they are.
+  title = f'rejection_sampling: {overall["prompts"]} prompts × 2 samples from {config.init_from}'
+  summary = printed.splitlines()[printed.splitlines().index(title):]
+  assert summary[1].split() == ['pass@1', f'{100 * overall["pass@1"]:.1f}%']
+  assert summary[2].split() == ['pass@2', f'{100 * overall["pass@N"]:.1f}%']
+  assert summary[3].split()[:3] == ['kept', 'traces', str(overall['kept_traces'])]
+  assert ['traces', str(tmp_path / rs.TRACES_FILE)] in [line.split() for line in summary]
   assert stats['fingerprint']['samples_per_prompt'] == 2 and stats['groups']['all']['samples'] == 4
   assert set(stats['groups']['all']) >= {'pass@1', 'pass@N', 'prompts_with_kept_trace', 'kept_per_prompt_mean',
                                          'kept_per_prompt_max', 'dropped_by_language_filter'}
@@ -290,6 +303,7 @@ def test_smoke_run_with_a_random_teacher_writes_its_files_and_a_rerun_reuses_the
   monkeypatch.setattr(rs, 'load_teacher', no_teacher)
   rs.run(config, str(tmp_path))
   assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+  assert capsys.readouterr().out.splitlines()[-len(summary):] == summary   # a re-run prints the same summary
   with config.unlocked():
     config.rejection_sampling.samples_per_prompt = 3
   with pytest.raises(errors.UserError, match='samples_per_prompt: 2 there, 3 now'):
@@ -299,6 +313,7 @@ def test_smoke_run_with_a_random_teacher_writes_its_files_and_a_rerun_reuses_the
 # ---- (e) trace files: clear errors ------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_a_bad_trace_line_is_named_by_file_and_line(tok, tmp_path):
   good = {'example_id': 'x', 'task': 'math', 'language': 'ko', 'sample_index': 0, 'teacher': 't', 'mode': 'reasoning',
           'tokens': [1, 2, 3], 'loss_mask': [0, 1, 1]}

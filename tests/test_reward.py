@@ -9,6 +9,8 @@ from luckystar.data.examples import Example
 from luckystar.rewards import reward
 from luckystar.tokenizer import AssistantTurn
 
+pytestmark = pytest.mark.fast
+
 KO_MATH = Example(id='m-ko', task='math', language='ko', split='heldout', prompt='철수는 사과를 3개 가지고 있고 4개를 더 샀습니다. 모두 몇 개입니까?',
                   answer='7')
 EN_MATH = Example(id='m-en', task='math', language='en', split='heldout',

@@ -12,6 +12,7 @@ from luckystar.engine import logprobs, rollouts
 from luckystar.stages import rlvr as rloo
 
 
+@pytest.mark.fast
 def test_design_vector_k8_three_correct():
   rewards = np.array([[1, 1, 1, 0, 0, 0, 0, 0]], np.float32)
   advantages, used = rloo.rloo_advantages(rewards, np.ones_like(rewards, bool))
@@ -21,6 +22,7 @@ def test_design_vector_k8_three_correct():
   assert used.all()
 
 
+@pytest.mark.fast
 def test_dropped_rows_leave_the_baseline_and_the_loss():
   rewards = np.array([[1, 0, 1, 1]], np.float32)
   survived = np.array([[True, True, False, True]])
@@ -30,6 +32,7 @@ def test_dropped_rows_leave_the_baseline_and_the_loss():
   assert used.tolist() == [[True, True, False, True]]
 
 
+@pytest.mark.fast
 def test_groups_with_fewer_than_two_survivors_contribute_nothing():
   rewards = np.array([[1, 0, 0], [1, 1, 0]], np.float32)
   survived = np.array([[True, False, False], [False, False, False]])
@@ -37,6 +40,7 @@ def test_groups_with_fewer_than_two_survivors_contribute_nothing():
   assert not used.any() and not np.asarray(advantages).any()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize('correct, mismatch, expected', [
     ([1, 1, 0, 0], [0, 0, 0, 0], [0.667, 0.667, -0.667, -0.667]),
     ([1, 1, 0, 0], [1, 0, 0, 0], [0.167, 0.833, -0.5, -0.5]),     # rewards 0.5, 1, 0, 0
@@ -49,6 +53,7 @@ def test_language_penalty_combinations(correct, mismatch, expected):
   np.testing.assert_allclose(advantages[0], expected, atol=1e-3)
 
 
+@pytest.mark.fast
 @hypothesis.settings(max_examples=200, deadline=None)
 @hypothesis.given(st.integers(1, 5).flatmap(lambda k: st.tuples(
     st.lists(st.lists(st.sampled_from([-0.5, 0.0, 0.5, 1.0]), min_size=k, max_size=k), min_size=1, max_size=6),
@@ -164,6 +169,7 @@ def _scored(example, continuation, mask, *, correct, overlong=False, reward=None
   return rollouts.Scored(example, rollout, verdict)
 
 
+@pytest.mark.fast
 def test_training_batch_aligns_prompts_rollouts_and_advantages():
   from luckystar.data import suites
   example = suites.load('korean_mc', 'train')[0]
@@ -184,6 +190,7 @@ def test_training_batch_aligns_prompts_rollouts_and_advantages():
   assert metrics['train/reward'] == pytest.approx(2 / 3)
 
 
+@pytest.mark.fast
 def test_eval_set_follows_the_rl_mix_and_is_fixed():
   from luckystar.data import suites
   selected = suites.load('math', 'train')[:30] + suites.load('korean_mc', 'train')[:10]
@@ -197,6 +204,7 @@ def test_eval_set_follows_the_rl_mix_and_is_fixed():
   assert {e.split for e in chosen} == {'heldout'}
 
 
+@pytest.mark.fast
 def test_allocate_hands_a_short_groups_share_to_the_others():
   assert rloo.allocate(10, {'a': 1, 'b': 1}, {'a': 9, 'b': 9}) == {'a': 5, 'b': 5}
   assert rloo.allocate(3, {'a': 1, 'b': 1}, {'a': 9, 'b': 9}) == {'a': 2, 'b': 1}   # a tie: the earlier key
@@ -207,6 +215,7 @@ def test_allocate_hands_a_short_groups_share_to_the_others():
   assert rloo.allocate(4, {'a': 1, 'b': 1}, {'a': 1, 'b': 3}) == {'a': 1, 'b': 3}   # both full
 
 
+@pytest.mark.fast
 def test_eval_set_keeps_its_size_when_a_group_runs_short():
   """Chat has 62 held-out prompts: a chat-heavy RL mix still gets `count` prompts, the rest from the
   other groups in proportion, and more than the split holds is a config error."""
@@ -220,6 +229,7 @@ def test_eval_set_keeps_its_size_when_a_group_runs_short():
     rloo.eval_examples(selected, heldout, 1000, seed=0)
 
 
+@pytest.mark.fast
 def test_selection_candidates_per_task_budget():
   from luckystar.data import suites
   pool = suites.load('math', 'train')[:200] + suites.load('korean_mc', 'train')[:50]
@@ -233,6 +243,7 @@ def test_selection_candidates_per_task_budget():
     rloo.selection_candidates(pool, {'nl2sql': 4}, seed=0)
 
 
+@pytest.mark.fast
 def test_train_eval_set_is_reserved_before_selection(monkeypatch):
   """eval_split='train' (the NL2SQL cold start): new questions over the training databases. The eval set is
   drawn first from pool prompts whose gold SQL no RS prompt has, and every pool prompt that shares its gold SQL
@@ -354,3 +365,21 @@ def test_prompt_selection_is_cached_and_checked(runs):
   from luckystar.data import examples, suites
   kept = {e.id: e for e in suites.load('chat', 'train')}
   assert not any(examples.rs_only(kept[i], 0) for i in selection['kept'])
+
+
+def test_smoke_run_shows_reward_and_correctness_and_ends_with_its_summary(runs):
+  from luckystar.engine import metrics
+  whole = runs['whole'].absolute()
+  rows = metrics.read(whole)
+  before, after = (f'{100 * rows[i]["eval/correctness"]:.1f}%' for i in (0, -1))
+  lines = runs['stdout'].splitlines()
+  assert 'rlvr: step 3 of 3' in lines
+  assert f'  eval/correctness          {before} → {after}  (step 0 → 3)' in lines
+  assert any(line.startswith('  eval/language_mismatch   ') for line in lines)
+  assert f'  checkpoints               {whole}/checkpoints' in lines
+  assert f'  figure                    {whole}/plots/summary.png' in lines
+  assert [p.name for p in (whole / 'plots').iterdir()] == ['summary.png']
+  # The resumed run's progress bar (stderr) carries the batch's reward and correctness; its evals have bars.
+  bar = runs['resume_log'].replace('\r', '\n')
+  assert 'loss=' in bar and 'reward=' in bar and 'correctness=' in bar
+  assert 'eval reasoning' in bar and 'eval reasoning sampled' in bar

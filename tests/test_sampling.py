@@ -267,6 +267,7 @@ def rollouts():
   return out, calls
 
 
+@pytest.mark.fast
 def test_tool_round_trip_layout_equals_the_chat_template():
   ids, _ = TOKENIZER.render([{'role': 'user', 'content': 'q'}, {'role': 'assistant', 'action': '{}'},
                              {'role': 'tool', 'content': 'result: 42'}], 'concise', add_generation_prompt=True)
@@ -274,6 +275,7 @@ def test_tool_round_trip_layout_equals_the_chat_template():
   assert ids[-len(closing) - 1] == END_ACT and ids[-len(closing):] == closing
 
 
+@pytest.mark.fast
 def test_rollout_equals_the_rendered_conversation(rollouts):
   out, calls = rollouts
   first = out[0]
@@ -294,6 +296,7 @@ def test_rollout_equals_the_rendered_conversation(rollouts):
   assert (0, '{"q": 1}') in calls
 
 
+@pytest.mark.fast
 def test_rollout_rows_finish_independently(rollouts):
   out, calls = rollouts
   assert [r.stop_reason for r in out] == ['end_of_turn', 'end_of_turn', 'action', 'tool_limit', 'overlong']
@@ -305,6 +308,7 @@ def test_rollout_rows_finish_independently(rollouts):
   assert sorted(row for row, _ in calls) == [0, 2, 3, 3]  # row 3: max_tool_turns tool calls, then it stops
 
 
+@pytest.mark.fast
 def test_tool_turns_are_masked_truncated_and_limited(rollouts):
   out, _ = rollouts
   looping = out[3]
@@ -320,6 +324,7 @@ def test_tool_turns_are_masked_truncated_and_limited(rollouts):
     assert (r.logprobs[r.loss_mask == 0] == 0).all() and (r.untruncated_logprobs[r.loss_mask == 0] == 0).all()
 
 
+@pytest.mark.fast
 def test_rollout_logprobs_align_with_the_tokens(rollouts):
   """Each model token's log-prob equals the scripted model's, recomputed on the unpadded prefix."""
   out, _ = rollouts
@@ -343,6 +348,7 @@ def test_rollout_logprobs_align_with_the_tokens(rollouts):
     assert np.ptp(want) > 0.1
 
 
+@pytest.mark.fast
 def test_overlong_when_a_tool_result_leaves_no_room():
   out = sampling.rollout(ScriptedDecoder(), None, TOKENIZER, [_prompt('d')], rng=jax.random.key(0),
                          max_new_tokens=20, tool_fn=_tool([]), max_tool_turns=2, max_tool_result_tokens=50,
@@ -350,6 +356,7 @@ def test_overlong_when_a_tool_result_leaves_no_room():
   assert out.overlong and len(out.token_ids) == 20 and out.actions == ['{"again": 1}']
 
 
+@pytest.mark.fast
 def test_agent_tools_run_sql_on_the_rows_database_and_the_calculator_everywhere(tmp_path):
   import sqlite3
   db = tmp_path / 'shop.sqlite'

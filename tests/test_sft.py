@@ -16,6 +16,8 @@ from luckystar.engine import logprobs
 from luckystar.engine import metrics
 from luckystar.stages import sft
 
+pytestmark = pytest.mark.fast
+
 # Small enough to compile in a few seconds; 4 heads / 2 KV heads so tensor=2 shards it.
 MICRO = model.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                           num_kv_heads=2, layer_types=model.pattern_layer_types(2, 2), sliding_window=4)
@@ -143,9 +145,9 @@ def test_run_writes_metrics_tensorboard_and_plots(runs):
   assert {'train/loss', 'train/skipped_updates', 'train/learning_rate', 'eval/loss'} <= set(rows[-1])
   assert rows[-1]['train/skipped_updates'] == 0
   assert rows[-1]['eval/loss'] < rows[0]['eval/loss']
-  assert list(whole.glob('events.out.tfevents.*'))
-  for name in ('train_loss', 'eval_loss', 'train_skipped_updates'):
-    assert (whole / 'plots' / f'{name}.png').stat().st_size > 0
+  assert list(whole.glob('events.out.tfevents.*'))   # every metric's curve; the figure has the headline ones
+  assert [p.name for p in (whole / 'plots').iterdir()] == ['summary.png']
+  assert (whole / 'plots' / 'summary.png').stat().st_size > 0
   assert (whole / 'config.json').exists()
   assert sorted(p.name for p in (whole / 'checkpoints').iterdir()) == ['2', '4']
 
@@ -157,16 +159,36 @@ def _smoke_config():
   return module.get_config('smoke')
 
 
-def test_finished_run_rerun_changes_nothing(runs):
-  """Re-running a finished run (in-process here: it must not need a device) only redraws the plots."""
+def _summary(stdout):
+  """The summary a run printed last: from its title line to the end."""
+  lines = stdout.splitlines()
+  return lines[max(i for i, line in enumerate(lines) if line.startswith('sft: step ')):]
+
+
+def test_run_ends_with_its_summary(runs):
+  whole = runs['whole'].absolute()
+  rows = metrics.read(whole)
+  loss = f'{rows[0]["eval/loss"]:.4g} → {rows[-1]["eval/loss"]:.4g}  (step 0 → 4)'
+  accuracy = f'{100 * rows[0]["eval/accuracy"]:.1f}% → {100 * rows[-1]["eval/accuracy"]:.1f}%  (step 0 → 4)'
+  assert _summary(runs['stdout']) == [
+      'sft: step 4 of 4', f'  eval/loss      {loss}', f'  eval/accuracy  {accuracy}',
+      f'  workdir        {whole}', f'  metrics        {whole}/metrics.jsonl', f'  checkpoints    {whole}/checkpoints',
+      f'  curves         tensorboard --logdir={whole}', f'  figure         {whole}/plots/summary.png']
+
+
+def test_finished_run_rerun_changes_nothing(runs, capsys):
+  """Re-running a finished run (in-process here: it must not need a device) only redraws the figure and
+  prints the same summary."""
   whole = runs['whole']
   before_params, before_metrics = main_runs.params(whole), (whole / 'metrics.jsonl').read_text()
   for png in (whole / 'plots').glob('*.png'):
     png.unlink()
+  capsys.readouterr()
   sft.run(_smoke_config(), str(whole))
+  assert _summary(capsys.readouterr().out) == _summary(runs['stdout'])
   assert (whole / 'metrics.jsonl').read_text() == before_metrics
   assert jax.tree.all(jax.tree.map(np.array_equal, before_params, main_runs.params(whole)))
-  assert (whole / 'plots' / 'train_loss.png').exists()
+  assert (whole / 'plots' / 'summary.png').exists()
   assert sorted(p.name for p in (whole / 'checkpoints').iterdir()) == ['2', '4']
 
 

@@ -8,6 +8,8 @@ import pytest
 from luckystar.rewards import sql as reward
 from luckystar.tools import sql as sql_tool
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture(scope='module')
 def db_path(tmp_path_factory):

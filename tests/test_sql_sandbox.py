@@ -10,6 +10,8 @@ import pytest
 
 from luckystar.tools import sql
 
+pytestmark = pytest.mark.fast
+
 TIMEOUT_S = 0.5
 ANY_ERROR = 'ANY_ERROR'   # expectation: ok=False, whatever the message
 OK = 'OK'                 # expectation: ok=True

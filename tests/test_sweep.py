@@ -8,6 +8,8 @@ import pathlib
 
 import pytest
 
+pytestmark = pytest.mark.fast
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location('sweep', ROOT / 'experiments' / 'sweep.py')
 sweep = importlib.util.module_from_spec(_spec)

@@ -4,6 +4,8 @@ import pytest
 
 from luckystar import tokenizer as tokenizer_lib
 
+pytestmark = pytest.mark.fast
+
 BILINGUAL = [
     '안녕하세요! 오늘 서울의 날씨는 맑습니다.',
     'The quick brown fox jumps over the lazy dog.',

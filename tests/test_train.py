@@ -19,6 +19,8 @@ from luckystar.engine import state as state_lib
 from luckystar.engine import step as step_lib
 from luckystar.model import sharding
 
+pytestmark = pytest.mark.fast
+
 FEATURES = 4
 
 
@@ -194,7 +196,62 @@ def test_metrics_resume_drops_rows_after_the_restored_step_and_plots(tmp_path):
   assert metrics.Writer(tmp_path).close() is None and metrics.read(tmp_path) == []   # a fresh start
   assert list(tmp_path.glob('events.out.tfevents.*'))
   (tmp_path / 'metrics.jsonl').write_text(json.dumps({'step': 0, 'train/loss': 1.0}) + '\n')
-  assert [p.name for p in metrics.plot(tmp_path)] == ['train_loss.png']
+  assert [p.name for p in metrics.plot(tmp_path)] == ['summary.png']
+
+
+def _run_rows():
+  """A 3-step run's rows: train loss and reward every step, eval correctness at steps 0 and 3."""
+  rows = [{'step': 0, 'eval/correctness': 0.5, 'eval/language_mismatch': float('nan')}]
+  rows += [{'step': s, 'train/loss': 1.0 / s, 'train/reward': 0.1 * s, 'train/grad_norm': 2.0} for s in (1, 2, 3)]
+  rows[-1] |= {'eval/correctness': 0.625, 'eval/language_mismatch': 0.0}
+  return rows
+
+
+def test_plot_draws_one_summary_figure_of_the_headline_keys_with_integer_steps(tmp_path):
+  for row in _run_rows():
+    with (tmp_path / 'metrics.jsonl').open('a') as f:
+      f.write(json.dumps(row) + '\n')
+  keys = ('train/loss', 'train/reward', 'train/correctness', 'eval/correctness', 'eval/missing')
+  assert metrics.plot(tmp_path, keys) == [tmp_path / 'plots' / 'summary.png']
+  assert [p.name for p in (tmp_path / 'plots').iterdir()] == ['summary.png']   # one figure, not one per metric
+  fig = metrics.figure(metrics.read(tmp_path), keys)
+  # One subplot per name: train/correctness (never logged) and eval/correctness share 'correctness'.
+  assert [ax.get_title() for ax in fig.axes] == ['loss', 'reward', 'correctness']
+  correctness = fig.axes[2].get_lines()
+  assert [line.get_label() for line in correctness] == ['eval/correctness']
+  assert list(correctness[0].get_xdata()) == [0, 3] and correctness[0].get_marker() == 'o'
+  for ax in fig.axes:
+    ticks = ax.get_xticks()
+    assert len(ticks) and all(float(t).is_integer() for t in ticks), ticks   # 3 steps: no 0.5 ticks
+  metrics.pyplot().close(fig)
+  assert metrics.figure(metrics.read(tmp_path), ('train/missing',)) is None
+
+
+def test_summary_prints_headline_keys_before_and_after_and_the_outputs(tmp_path, capsys):
+  rows = _run_rows()
+  assert metrics.before_after(rows, ('eval/correctness', 'eval/language_mismatch', 'train/loss', 'eval/x')) == [
+      ('eval/correctness', '50.0% → 62.5%  (step 0 → 3)'), ('eval/language_mismatch', 'n/a → 0.0%  (step 0 → 3)'),
+      ('train/loss', '1 → 0.3333  (step 1 → 3)')]
+  assert metrics.before_after(rows[:2], ('eval/correctness',), labels=('float', 'int4')) == [
+      ('eval/correctness', '50.0%')]
+  assert metrics.before_after(rows, ('train/reward',), labels=('float', 'int4')) == [
+      ('train/reward', '0.1 → 0.3  (float → int4)')]
+  (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(row) + '\n' for row in rows))
+  text = metrics.summarize(tmp_path, ('eval/correctness',), title='rlvr: step 3 of 3',
+                           outputs=[('checkpoints', tmp_path / 'checkpoints')])
+  assert capsys.readouterr().out == text + '\n'
+  assert text.splitlines() == ['rlvr: step 3 of 3', '  eval/correctness  50.0% → 62.5%  (step 0 → 3)',
+                               f'  workdir           {tmp_path}', f'  metrics           {tmp_path}/metrics.jsonl',
+                               f'  checkpoints       {tmp_path}/checkpoints']
+
+
+def test_progress_bar_shows_train_loss_and_the_stages_keys():
+  from luckystar.engine import loop
+  row = {'train/loss': 0.69314, 'train/reward': 0.25, 'train/grad_norm': 3.0, 'eval/correctness': 0.5}
+  assert loop.progress_postfix(row, ('train/reward', 'train/correctness')) == {'loss': '0.6931', 'reward': '0.25'}
+  assert loop.progress_postfix(row, ()) == {'loss': '0.6931'}
+  assert loop.plot_keys(('train/reward',), ('eval/correctness', 'train/reward')) == (
+      'train/loss', 'train/reward', 'eval/correctness')
 
 
 def test_keep_checkpoints_below_one_is_a_config_error_before_any_checkpoint_is_touched(tmp_path):

@@ -27,6 +27,7 @@ def tok():
   return tokenizer_lib.default()
 
 
+@pytest.mark.fast
 def test_the_experiment_registers_its_drills_and_rl_only_prompts():
   assert set(cold_start_data.DRILL_SOURCES) <= set(sources.sft_names())
   assert set(cold_start_data.RL_ONLY_SOURCES) <= set(sources.prompt_names())
@@ -98,6 +99,7 @@ def test_the_copy_drill_is_a_mixture_source_rendered_only_when_weighed(tok, monk
   assert all(np.array_equal(a['tokens'], b['tokens']) for a, b in zip(raw['copy'], drills['copy']))
 
 
+@pytest.mark.fast
 def test_each_drill_is_sft_data_of_its_own_name(tok):
   for name, drill in cold_start_data.DRILL_SOURCES.items():
     config = config_lib.from_file(PIPELINE, name)
@@ -108,6 +110,7 @@ def test_each_drill_is_sft_data_of_its_own_name(tok):
     assert all(np.array_equal(a['tokens'], b['tokens']) for a, b in zip(raw[name], drills['copy']))
 
 
+@pytest.mark.fast
 def test_the_pipeline_reads_only_earlier_stages_and_names_registered_data():
   config = config_lib.from_file(PIPELINE)
   reproduce.check_order(config)

@@ -13,6 +13,8 @@ from luckystar.data import conversations, nl2sql
 import cold_start_data
 import copy_probe
 
+pytestmark = pytest.mark.fast
+
 
 def test_rows_mark_the_word_and_its_tokens_are_the_prompts():
   tokenizer = tokenizer_lib.default()

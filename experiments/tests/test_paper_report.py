@@ -8,6 +8,8 @@ from luckystar.stages import pipeline
 
 import paper_report
 
+pytestmark = pytest.mark.fast
+
 
 
 def _write_stage(workdir, name, rows=(), results=None):

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import grain
 import jax
 import numpy as np
+import tqdm
 
 from luckystar import sampling
 from luckystar import tokenizer as tokenizer_lib
@@ -117,9 +118,12 @@ def text_respond(fn: TextModel, tokenizer: Tokenizer) -> Respond:
 def model_respond(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, settings: Any) -> Respond:
   """A Respond over a luckystar model: rollouts with the tool loop (the calculator; NL2SQL rows run their
   SQL in the sandbox), `settings.batch_size` at a time, within its max_new_tokens and tool limits; the
-  batch starting at example `start` is seeded by fold_in(key(seed), start)."""
+  batch starting at example `start` is seeded by fold_in(key(seed), start). A progress bar ('eval <mode>')
+  counts the prompts on process 0."""
   def respond(examples, mode, temperature=0.0, seed=0):
     rollouts = []
+    bar = tqdm.tqdm(total=len(examples), desc=f'eval {mode}' + (' sampled' if temperature > 0 else ''),
+                    unit='prompt', leave=False, dynamic_ncols=True, disable=jax.process_index() != 0)
     for start in range(0, len(examples), settings.batch_size):
       batch = examples[start:start + settings.batch_size]
       rendered = [rollouts_lib.render_prompt(tokenizer, e, mode) for e in batch]
@@ -128,6 +132,8 @@ def model_respond(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, 
           max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
           max_new_tokens=settings.max_new_tokens, temperature=temperature,
           rng=jax.random.fold_in(jax.random.key(seed), start))
+      bar.update(len(batch))
+    bar.close()
     return rollouts
   return respond
 

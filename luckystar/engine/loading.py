@@ -128,16 +128,21 @@ class Model:
 
 
 def _tool_fn(tools: Tools, num_prompts: int) -> sampling.ToolFn:
+  """The tool_fn of `Model.generate`'s `tools`; a database path that does not exist is a FileNotFoundError
+  here, before any sampling (the sandbox would report it only as an SQL error inside each reply)."""
   if callable(tools):
     return tools
   if tools is None:
     return sampling.agent_tools([None] * num_prompts)
   if isinstance(tools, (str, os.PathLike)):
-    return sampling.agent_tools([os.fspath(tools)] * num_prompts)
-  paths = [None if p is None else os.fspath(p) for p in tools]
-  if len(paths) != num_prompts:
-    raise ValueError(f'tools has {len(paths)} database paths for {num_prompts} prompts; give one per prompt '
-                     f'or a single path for all')
+    paths = [os.fspath(tools)] * num_prompts
+  else:
+    paths = [None if p is None else os.fspath(p) for p in tools]
+    if len(paths) != num_prompts:
+      raise ValueError(f'tools has {len(paths)} database paths for {num_prompts} prompts; give one per prompt '
+                       f'or a single path for all')
+  if missing := sorted({p for p in paths if p is not None and not os.path.isfile(p)}):
+    raise FileNotFoundError(f'tools: no such SQLite database file: {", ".join(missing)}')
   return sampling.agent_tools(paths)
 
 

@@ -5,7 +5,12 @@ Config keys: `total_steps`, `log_every`, `eval_every`, `checkpoint_every`, `keep
 Resume: the latest complete checkpoint under `workdir/checkpoints/` restores the TrainState
 (params, optimizer state, step, RNG key) and moves the grain iterator to where it was, so the
 steps that follow are those of an uninterrupted run, bit for bit. A finished run re-run only
-redraws its plots. Step t's key is `fold_in(state.rng, t)`, independent of where a run resumed.
+redraws its summary figure and prints its summary again. Step t's key is `fold_in(state.rng, t)`,
+independent of where a run resumed.
+
+What a run shows: the progress bar carries train/loss and the stage's `progress_keys`; at the end
+`plots/summary.png` draws train/loss, `progress_keys` and `summary_keys`, and stdout gets the summary
+(`summarize`: `summary_keys` before → after, and where the outputs are).
 
 Fault injection for tests: with the environment variable LUCKYSTAR_CRASH_AFTER_STEP=k the process
 SIGKILLs itself after step k, once earlier checkpoints are on disk (a crash, not a clean exit).
@@ -16,7 +21,7 @@ import os
 import pathlib
 import signal
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from absl import logging
 import jax
@@ -75,16 +80,41 @@ def is_finished(config, workdir: str | pathlib.Path) -> bool:
   return step is not None and step >= config.total_steps
 
 
-def finish_without_training(config, workdir: str | pathlib.Path) -> None:
-  """What a re-run of a finished run does: says so and redraws the plots."""
+def plot_keys(progress_keys: Sequence[str], summary_keys: Sequence[str]) -> tuple[str, ...]:
+  """What the summary figure draws: train/loss, then the stage's progress and summary keys."""
+  return tuple(dict.fromkeys(('train/loss', *progress_keys, *summary_keys)))
+
+
+def summarize(config, workdir: str | pathlib.Path, summary_keys: Sequence[str]) -> str:
+  """Prints (process 0) and returns the run's summary: `summary_keys` before → after and where the outputs
+  are (`metrics.summarize`), with the checkpoints and the TensorBoard command for every metric's curve."""
+  workdir = pathlib.Path(workdir)
+  return metrics_lib.summarize(
+      workdir, summary_keys, title=f'{config.stage}: step {checkpoint.latest_step(workdir)} of {config.total_steps}',
+      outputs=[('checkpoints', checkpoint.directory(workdir)),
+               ('curves', f'tensorboard --logdir={workdir.absolute()}')])
+
+
+def finish_without_training(config, workdir: str | pathlib.Path, *, progress_keys: Sequence[str] = (),
+                            summary_keys: Sequence[str] = ('eval/loss',)) -> None:
+  """What a re-run of a finished run does: says so, redraws the summary figure and prints the summary."""
   logging.info('%s: already at step %d of %d; nothing to train', workdir, checkpoint.latest_step(workdir),
                config.total_steps)
-  metrics_lib.plot(workdir)
+  metrics_lib.plot(workdir, plot_keys(progress_keys, summary_keys))
+  summarize(config, workdir, summary_keys)
+
+
+def progress_postfix(row: Mapping[str, Any], keys: Sequence[str]) -> dict[str, str]:
+  """The progress bar's figures: train/loss and `keys` of a logged row, named without 'train/'; absent keys
+  left out."""
+  return {key.removeprefix('train/'): f'{float(row[key]):.4g}'
+          for key in dict.fromkeys(('train/loss', *keys)) if key in row}
 
 
 def run_training(config, workdir: str | pathlib.Path, *, state: TrainState, update_fn: MeshFunction,
                  batches: Iterator[Any], eval_fn: EvalFn | None = None,
-                 model_config: model.ModelConfig | None = None, prepare: PrepareFn | None = None) -> TrainState:
+                 model_config: model.ModelConfig | None = None, prepare: PrepareFn | None = None,
+                 progress_keys: Sequence[str] = (), summary_keys: Sequence[str] = ('eval/loss',)) -> TrainState:
   """Trains `state` to `config.total_steps` with `update_fn` on `batches` (a checkpointable grain
   iterator of this process's rows); `eval_fn(params, step) -> {'eval/...': value}` runs at step 0,
   every `eval_every` steps and at the end. Checkpoints carry `model_config` when given, which makes
@@ -93,11 +123,13 @@ def run_training(config, workdir: str | pathlib.Path, *, state: TrainState, upda
   `prepare(state, item, rng) -> (batch, metrics)` turns each item of `batches` into the update's
   batch with the current policy (RL: the items are prompts, the batch their scored rollouts); `rng`
   depends only on the seed and the step, so a resumed run draws the same rollouts. Its metrics are
-  logged with the step's."""
+  logged with the step's.
+
+  `progress_keys` (row keys, e.g. 'train/reward') join train/loss on the progress bar and in the summary
+  figure; `summary_keys` (e.g. 'eval/correctness') are printed before → after at the end, and drawn too."""
   workdir = pathlib.Path(workdir)
-  total = config.total_steps
   if is_finished(config, workdir):
-    finish_without_training(config, workdir)
+    finish_without_training(config, workdir, progress_keys=progress_keys, summary_keys=summary_keys)
     return state
   checkpoints = checkpoint.manager(workdir, keep=config.keep_checkpoints)
   restored = checkpoint.restore_latest(checkpoints, state, batches)
@@ -107,16 +139,19 @@ def run_training(config, workdir: str | pathlib.Path, *, state: TrainState, upda
   start = int(state.step)
   writer = metrics_lib.Writer(workdir, resumed_step=start if restored is not None else None)
   try:
-    state = _train(config, state, update_fn, batches, eval_fn, model_config, checkpoints, writer, start, prepare)
+    state = _train(config, state, update_fn, batches, eval_fn, model_config, checkpoints, writer, start, prepare,
+                   progress_keys)
   finally:
     writer.close()
     checkpoints.wait_until_finished()
     checkpoints.close()
-    metrics_lib.plot(workdir)
+    metrics_lib.plot(workdir, plot_keys(progress_keys, summary_keys))
+  summarize(config, workdir, summary_keys)
   return state
 
 
-def _train(config, state, update_fn, batches, eval_fn, model_config, checkpoints, writer, start, prepare):
+def _train(config, state, update_fn, batches, eval_fn, model_config, checkpoints, writer, start, prepare,
+           progress_keys):
   total = config.total_steps
   replicated = jax.sharding.NamedSharding(update_fn.mesh, jax.sharding.PartitionSpec())
   step_rng = lambda s: jax.device_put(state_lib.step_rng(s), replicated)
@@ -159,7 +194,7 @@ def _train(config, state, update_fn, batches, eval_fn, model_config, checkpoints
       steps_per_sec = (step - last_log_step) / (now - last_log_time)
       row |= {'perf/steps_per_sec': steps_per_sec, 'perf/update_tokens_per_sec': steps_per_sec * tokens_per_step}
       last_log_time, last_log_step = now, step
-      progress.set_postfix(loss=f'{row.get("train/loss", float("nan")):.4f}', refresh=False)
+      progress.set_postfix(progress_postfix(row, progress_keys), refresh=False)
     if eval_fn is not None and _due(step, config.eval_every, total):
       row |= _evaluate(eval_fn, state.params, step)
     writer.write(step, row)

@@ -1,4 +1,5 @@
-"""Run logs: `metrics.jsonl`, TensorBoard events and PNG curves in the workdir (DESIGN §8).
+"""Run logs: `metrics.jsonl`, TensorBoard events and one summary figure in the workdir (DESIGN §8), and the
+summary a run prints at its end (`summarize`: headline figures before → after, and where the outputs are).
 
 Only process 0 writes. On resume from step s, lines of `metrics.jsonl` with a step beyond s are
 dropped (the resumed run logs those steps again, with the same values), and TensorBoard events
@@ -10,7 +11,7 @@ crash is dropped with a warning; any other malformed line is an error naming fil
 import json
 import math
 import pathlib
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from absl import logging
 import jax
@@ -72,7 +73,7 @@ def _scalar(value: Any) -> float | int:
 
 
 class Writer:
-  """Appends one row per logged step to metrics.jsonl and TensorBoard; `plot()` draws PNGs."""
+  """Appends one row per logged step to metrics.jsonl and TensorBoard (`plot()` draws the summary figure)."""
 
   def __init__(self, workdir: str | pathlib.Path, *, resumed_step: int | None = None):
     self.workdir = pathlib.Path(workdir)
@@ -116,23 +117,116 @@ def save_figure(fig, path: pathlib.Path) -> pathlib.Path:
   return path
 
 
-def plot(workdir: str | pathlib.Path) -> list[pathlib.Path]:
-  """One PNG per metric of metrics.jsonl, `workdir/plots/<name with / as _>.png`."""
+# A metric name with one of these parts is a share, shown in % by the printed summary.
+SHARES = frozenset({'correctness', 'accuracy', 'accuracies', 'language_mismatch', 'pass_rate', 'format_ok',
+                    'hybrid_format', 'thinking_rate', 'overlong_fraction', 'zero_variance_groups'})
+SUMMARY_FIGURE = 'summary.png'
+DEFAULT_PLOT_KEYS = ('train/loss', 'eval/loss')
+
+
+def _panels(keys: Sequence[str]) -> dict[str, list[str]]:
+  """`keys` grouped by name without its train/ or eval/ prefix, in order: a train curve and its eval points
+  share one subplot."""
+  panels: dict[str, list[str]] = {}
+  for key in dict.fromkeys(keys):
+    panels.setdefault(key.removeprefix('train/').removeprefix('eval/'), []).append(key)
+  return panels
+
+
+def figure(rows: Sequence[Mapping[str, Any]], keys: Sequence[str] = DEFAULT_PLOT_KEYS):
+  """A grid of subplots of `keys` over the steps of `rows` (`_panels`; train/ keys as lines, eval/ keys as
+  markers), integer step ticks; None when no key has a finite value."""
+  plt = pyplot()
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top  # with pyplot: only runs that plot load it
+  series = {key: [(row['step'], row[key]) for row in rows
+                  if isinstance(row.get(key), (int, float)) and math.isfinite(row[key])] for key in dict.fromkeys(keys)}
+  panels = {name: [k for k in members if series[k]] for name, members in _panels(keys).items()}
+  panels = {name: members for name, members in panels.items() if members}
+  if not panels:
+    return None
+  columns = min(3, len(panels))
+  rows_count = -(-len(panels) // columns)
+  fig, axes = plt.subplots(rows_count, columns, figsize=(4 * columns, 3 * rows_count), dpi=100, squeeze=False)
+  for ax in axes.flat[len(panels):]:
+    ax.remove()
+  for ax, (name, members) in zip(axes.flat, panels.items()):
+    for key in members:
+      steps, values = zip(*series[key])
+      if key.startswith('eval/'):  # a few evaluations (step 0, every eval_every, the end): points, not a curve
+        ax.plot(steps, values, marker='o', linestyle='--', label=key)
+      else:
+        ax.plot(steps, values, marker='.' if len(steps) < 50 else None, label=key)
+    ax.set(title=name, xlabel='step')
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    if len(members) > 1:
+      ax.legend(fontsize='small')
+  return fig
+
+
+def plot(workdir: str | pathlib.Path, keys: Sequence[str] = DEFAULT_PLOT_KEYS) -> list[pathlib.Path]:
+  """`workdir/plots/summary.png`, the run's headline curves (`figure` of `keys`; every metric's own curve is
+  in TensorBoard); [] off process 0 or when no key was logged."""
   if not _is_writer():
     return []
-  plt = pyplot()
+  fig = figure(read(workdir), keys)
+  return [] if fig is None else [save_figure(fig, pathlib.Path(workdir) / PLOTS_DIR / SUMMARY_FIGURE)]
 
-  series: dict[str, list[tuple[int, float]]] = {}
-  for row in read(workdir):
-    for name, value in row.items():
-      if name != 'step' and isinstance(value, (int, float)) and math.isfinite(value):
-        series.setdefault(name, []).append((row['step'], value))
-  written = []
-  for name, points in sorted(series.items()):
-    steps, values = zip(*points)
-    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=100)
-    ax.plot(steps, values, marker='.' if len(points) < 50 else None)
-    ax.set(title=name, xlabel='step')
-    ax.grid(alpha=0.3)
-    written.append(save_figure(fig, pathlib.Path(workdir) / PLOTS_DIR / (name.replace('/', '_') + '.png')))
-  return written
+
+# ---- the printed summary --------------------------------------------------------------------------
+
+
+def format_value(name: str, value: Any) -> str:
+  """A logged figure for people: shares (`SHARES`) in %, counts as they are, others to 4 significant digits."""
+  if value is None or (isinstance(value, float) and math.isnan(value)):
+    return 'n/a'
+  if SHARES & set(name.split('/')):
+    return f'{100 * value:.1f}%'
+  return str(value) if isinstance(value, int) else f'{value:.4g}'
+
+
+def before_after(rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
+                 labels: tuple[str, str] | None = None) -> list[tuple[str, str]]:
+  """(key, 'first → last  (step s → t)') for each of `keys` in `rows`, from the first and last rows that
+  hold it (`labels` name the two instead of their steps); a key logged once: its value. Absent keys are left out."""
+  lines = []
+  for key in keys:
+    found = [(row['step'], row[key]) for row in rows if key in row]
+    if not found:
+      continue
+    (first_step, first), (last_step, last) = found[0], found[-1]
+    if len(found) == 1:
+      lines.append((key, format_value(key, last)))
+      continue
+    which = ' → '.join(labels) if labels else f'step {first_step} → {last_step}'
+    lines.append((key, f'{format_value(key, first)} → {format_value(key, last)}  ({which})'))
+  return lines
+
+
+def format_summary(title: str, figures: Sequence[tuple[str, str]], outputs: Sequence[tuple[str, Any]]) -> str:
+  """The title, then one aligned 'name  text' line per figure and per output."""
+  width = max((len(name) for name, _ in [*figures, *outputs]), default=0)
+  return '\n'.join([title, *(f'  {name:<{width}}  {text}' for name, text in [*figures, *outputs])])
+
+
+def print_summary(title: str, figures: Sequence[tuple[str, str]], outputs: Sequence[tuple[str, Any]]) -> str:
+  """Prints `format_summary` to stdout on process 0 (others print nothing) and returns it."""
+  if not _is_writer():
+    return ''
+  text = format_summary(title, figures, outputs)
+  print(text, flush=True)
+  return text
+
+
+def summarize(workdir: str | pathlib.Path, keys: Sequence[str], *, title: str,
+              outputs: Sequence[tuple[str, Any]] = (), labels: tuple[str, str] | None = None) -> str:
+  """Prints (process 0) and returns a run's summary: `keys` first → last from metrics.jsonl (`before_after`),
+  then where its outputs are: the workdir, metrics.jsonl, `outputs` ((label, path) pairs) and the summary
+  figure when there is one."""
+  if not _is_writer():
+    return ''
+  workdir = pathlib.Path(workdir)
+  where = [('workdir', workdir.absolute()), ('metrics', workdir.absolute() / METRICS_FILE), *outputs]
+  if (figure_path := workdir.absolute() / PLOTS_DIR / SUMMARY_FIGURE).exists():
+    where.append(('figure', figure_path))
+  return print_summary(title, before_after(read(workdir), keys, labels), where)

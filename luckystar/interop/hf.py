@@ -245,7 +245,8 @@ def save_hf(path: str | pathlib.Path, config: ModelConfig, params: Any, *, dtype
   """Writes a transformers directory: config.json and model.safetensors in `dtype` ('float32' or
   'bfloat16'); with `tokenizer`, also its tokenizer.model, the transformers tokenizer files with our
   chat template (`hf_tokenizer.tokenizer_files`: AutoTokenizer encodes and renders as we do) and a
-  generation_config.json that stops at EOS or end of turn; and any `extra_files` (name → text).
+  generation_config.json that stops at EOS, end of turn or end of action (a tool call, for the caller to
+  run); and any `extra_files` (name → text).
   An int4-served config (luckystar.quant.convert) writes its Linears as compressed-tensors
   pack-quantized tensors (scales in `config.quant.scale_dtype`) and the rest in `dtype`.
   Written to a temporary sibling and renamed, so `path` is complete or absent."""
@@ -271,8 +272,9 @@ def save_hf(path: str | pathlib.Path, config: ModelConfig, params: Any, *, dtype
       (tmp / 'tokenizer.model').write_bytes(tokenizer.model_proto)
       for name, text in hf_tokenizer.tokenizer_files(tokenizer, config.max_position_embeddings).items():
         (tmp / name).write_text(text)
-      generation = {'bos_token_id': tokenizer.bos_id, 'eos_token_id': [tokenizer.eos_id, tokenizer.end_of_turn_id],
-                    'pad_token_id': tokenizer.pad_id}
+      # END_ACTION too: a transformers/vLLM server hands a tool call back instead of generating its result.
+      stops = [tokenizer.eos_id, tokenizer.end_of_turn_id, tokenizer.end_of_action_id]
+      generation = {'bos_token_id': tokenizer.bos_id, 'eos_token_id': stops, 'pad_token_id': tokenizer.pad_id}
       (tmp / 'generation_config.json').write_text(json.dumps(generation, indent=2) + '\n')
     for name, text in (extra_files or {}).items():
       (tmp / name).write_text(text)

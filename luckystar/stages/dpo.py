@@ -101,6 +101,11 @@ FEATURES = ('tokens', 'loss_mask')
 SIDES = ('chosen', 'rejected')
 ANCHOR = 'anchor'                     # the kind of a row that holds one of the policy's own replies twice
 ANCHOR_STREAM = 1000                  # anchor sampling's RNG stream: fold_in(key(seed), ANCHOR_STREAM + mode index)
+# What the run shows (`loop.run_training`): how often the chosen reply wins and by how much as it trains;
+# concise replies' length, correctness and language, and reasoning correctness, before → after.
+PROGRESS_KEYS = ('train/rewards/accuracies', 'train/rewards/margins')
+SUMMARY_KEYS = ('eval/concise/response_length', 'eval/concise/correctness', 'eval/concise/language_mismatch',
+                'eval/reasoning/correctness')
 
 
 # ---- the loss ------------------------------------------------------------------------------------
@@ -525,7 +530,7 @@ def reference_logps(workdir: pathlib.Path, model_config: model.ModelConfig, para
 
 def run(config, workdir: str) -> None:
   if loop.is_finished(config, workdir):
-    loop.finish_without_training(config, workdir)
+    loop.finish_without_training(config, workdir, progress_keys=PROGRESS_KEYS, summary_keys=SUMMARY_KEYS)
     return
   workdir = pathlib.Path(workdir)
   settings = config.dpo
@@ -556,4 +561,5 @@ def run(config, workdir: str) -> None:
                                       grad_accum_steps=config.grad_accum_steps, denominator='pairs',
                                       aux_weights=AUX_WEIGHTS)
   loop.run_training(config, workdir, state=state, update_fn=update_fn, batches=batches,
-                    eval_fn=eval_fn if eval_settings.per_task_language else None, model_config=model_config)
+                    eval_fn=eval_fn if eval_settings.per_task_language else None, model_config=model_config,
+                    progress_keys=PROGRESS_KEYS, summary_keys=SUMMARY_KEYS)

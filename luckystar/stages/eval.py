@@ -334,6 +334,18 @@ def run(config, workdir: str) -> None:
   results = {'init_from': config.init_from, 'settings': dataclasses.asdict(settings),
              **evaluate(respond, tokenizer, settings)}
   write(workdir, results)
-  summary = ', '.join(f'{name} {_pct(modes.get("reasoning", next(iter(modes.values()))).get("correctness"))}%'
-                      for name, modes in results['suites'].items())
-  print(f'eval of {config.init_from}: {summary}; report: {pathlib.Path(workdir) / "report.md"}')
+  summarize(workdir, results)
+
+
+def summarize(workdir: str | pathlib.Path, results: dict[str, Any]) -> str:
+  """Prints (process 0) and returns the stage's summary: correctness per suite and mode, Korean→English
+  mismatch per mode, and where the report and charts are."""
+  workdir = pathlib.Path(workdir).absolute()
+  modes = results['settings']['modes']
+  keys = [f'eval/{name}/{mode}/correctness' for name in results['suites'] for mode in modes]
+  keys += [f'eval/overall/{mode}/language_mismatch' for mode in modes]
+  skipped = [('skipped', ', '.join(results['skipped']))] if results['skipped'] else []
+  return metrics_lib.summarize(workdir, keys, title=f'eval of {results["init_from"]}',
+                               outputs=[*skipped, ('report', workdir / 'report.md'),
+                                        ('results', workdir / 'results.json'),
+                                        ('charts', workdir / metrics_lib.PLOTS_DIR)])

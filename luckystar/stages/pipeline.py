@@ -23,6 +23,7 @@ import tqdm
 from luckystar import config as config_lib
 from luckystar import errors
 from luckystar.engine import artifacts
+from luckystar.engine import metrics as metrics_lib
 
 DONE_FILE = 'stage_done.json'
 REFERENCE = '@'
@@ -88,5 +89,8 @@ def run(config, workdir: str) -> None:
       bar.set_postfix_str(name)
       stage_config = resolve(config.pipeline.stages[name], workdir, config.seed)
       wall[name] = run_stage(name, stage_config, workdir / name)
-  print(f'pipeline: {len(order)} stages in {sum(wall.values()) / 60:.1f} min, outputs in {workdir}/<stage>; '
-        f'paper report: python experiments/paper_report.py --workdir={workdir}')
+  # Each stage printed its own summary when it ran; this one says where all of them are.
+  metrics_lib.print_summary(
+      f'pipeline: {len(order)} stages in {sum(wall.values()) / 60:.1f} min (wall time of each first run)',
+      [(name, f'{(workdir / name).absolute()}  ({wall[name] / 60:.1f} min)') for name in order],
+      [('paper report', f'python experiments/paper_report.py --workdir={workdir}')])

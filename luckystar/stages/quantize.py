@@ -29,6 +29,11 @@ from luckystar.engine import state as state_lib
 from luckystar.model import sharding
 from luckystar.quant import quantize
 
+SUMMARY_FILE = 'quantize_summary.json'
+# Printed float → int4 at the end (metrics.jsonl steps 0 and 1), then the int4 linears' size over bf16.
+SUMMARY_KEYS = ('eval/loss', 'eval/accuracy', 'eval/correctness', 'eval/concise/correctness',
+                'quant/linear_bytes_ratio', 'quant/logits_max_rel_diff')
+
 
 def linear_bytes(config, params) -> tuple[int, int]:
   """(bytes of the quantized linears' int values + scales as exported, bytes of the same linears in bf16)."""
@@ -87,11 +92,14 @@ def run(config, workdir: str) -> None:
   for step, row in enumerate(rows):
     writer.write(step, row)
   writer.close()
+  workdir = pathlib.Path(workdir)
+  outputs = [('summary', workdir.absolute() / SUMMARY_FILE)]
   if settings.export:
-    out = pathlib.Path(workdir) / 'hf_int4'
+    out = workdir / 'hf_int4'
     if not out.exists():  # re-running on the same workdir keeps the first export
       int4_model.save_hf(out, dtype=settings.scale_dtype, quantization='int4')
+    outputs.append(('int4 model', out.absolute()))
   summary = {'float': rows[0], 'int4': rows[1], 'quantize': settings.to_dict()}
-  (pathlib.Path(workdir) / 'quantize_summary.json').write_text(json.dumps(summary, indent=2) + '\n')
-  print(json.dumps({k: {m: round(v, 4) for m, v in row.items() if m.startswith(('eval/loss', 'eval/acc', 'quant/'))}
-                    for k, row in (('float', rows[0]), ('int4', rows[1]))}, indent=2))
+  (workdir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + '\n')
+  metrics_lib.summarize(workdir, SUMMARY_KEYS, title=f'quantize: {config.init_from}, float → int{settings.bits}',
+                        outputs=outputs, labels=('float', f'int{settings.bits}'))

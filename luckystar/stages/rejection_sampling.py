@@ -44,6 +44,7 @@ from luckystar import sampling
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data.examples import TASKS, Example, rs_only
 from luckystar.engine import artifacts, prompts, rollouts
+from luckystar.engine import metrics as metrics_lib
 from luckystar.engine import state as state_lib
 from luckystar.rewards import language
 from luckystar.tokenizer import Tokenizer
@@ -223,11 +224,22 @@ def run(config, workdir: str) -> None:
   settings = config.rejection_sampling
   stats = artifacts.load_or_build(workdir, STATS_FILE, settings_of(config), lambda: sample(config, workdir),
                                   what='rejection-sampled traces')
-  overall = stats['groups']['all']
-  logging.info('rejection sampling: kept %d traces for %d of %d prompts (pass@1 %.3f, pass@%d %.3f; %d dropped by '
-               'the Korean language filter) → %s', overall['kept_traces'], overall['prompts_with_kept_trace'],
-               overall['prompts'], overall['pass@1'], settings.samples_per_prompt, overall['pass@N'],
-               overall['dropped_by_language_filter'], workdir / TRACES_FILE)
+  print_summary(workdir, stats, samples=settings.samples_per_prompt, teacher=config.init_from)
+
+
+def print_summary(workdir: pathlib.Path, stats: dict[str, Any], *, samples: int, teacher: str) -> str:
+  """Prints (process 0) and returns the stage's summary: pass@1, pass@N and kept traces overall, and where
+  the traces and the per-task report are."""
+  overall, workdir = stats['groups']['all'], workdir.absolute()
+  share = lambda value: metrics_lib.format_value('correctness', value)
+  figures = [('pass@1', share(overall['pass@1'])), (f'pass@{samples}', share(overall['pass@N'])),
+             ('kept traces', f'{overall["kept_traces"]} for {overall["prompts_with_kept_trace"]} of '
+                             f'{overall["prompts"]} prompts'),
+             ('language filter', f'{overall["dropped_by_language_filter"]} samples dropped')]
+  return metrics_lib.print_summary(
+      f'rejection_sampling: {overall["prompts"]} prompts × {samples} samples from {teacher}', figures,
+      [('workdir', workdir), ('traces', workdir / TRACES_FILE), ('report', workdir / REPORT_FILE),
+       ('stats', workdir / STATS_FILE)])
 
 
 def sample(config, workdir: pathlib.Path) -> tuple[dict[str, Any], artifacts.Files]:

@@ -41,6 +41,10 @@ from luckystar.model import sharding
 from luckystar.tokenizer import Tokenizer
 
 NORMALIZATIONS = ('tokens', 'sequences')
+# What the run shows (`loop.run_training`): the batch's reward and correctness as it trains; held-out
+# correctness (greedy, then sampled) and Korean→English mismatch before → after.
+PROGRESS_KEYS = ('train/reward', 'train/correctness')
+SUMMARY_KEYS = ('eval/correctness', 'eval/language_mismatch', 'eval/sampled/correctness')
 
 
 def rloo_advantages(rewards: jax.Array, survived: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -382,7 +386,7 @@ def eval_examples(selected: Sequence[Example], heldout: Sequence[Example], count
 
 def run(config, workdir: str) -> None:
   if loop.is_finished(config, workdir):
-    loop.finish_without_training(config, workdir)
+    loop.finish_without_training(config, workdir, progress_keys=PROGRESS_KEYS, summary_keys=SUMMARY_KEYS)
     return
   check_config(config)
   workdir = pathlib.Path(workdir)
@@ -449,4 +453,5 @@ def run(config, workdir: str) -> None:
       grad_accum_steps=config.grad_accum_steps, denominator=settings.normalize,
       updates_per_batch=settings.updates_per_batch, aux_weights=AUX_WEIGHTS)
   loop.run_training(config, workdir, state=state, update_fn=update_fn, batches=prompt_batches, eval_fn=eval_fn,
-                    model_config=model_config, prepare=prepare)
+                    model_config=model_config, prepare=prepare, progress_keys=PROGRESS_KEYS,
+                    summary_keys=SUMMARY_KEYS)

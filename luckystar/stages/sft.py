@@ -55,6 +55,8 @@ def synthetic_sources(seed: int, split: str, *, vocab_size: int, per_source: int
   return sources
 
 
+# What the run shows (`loop.run_training`): held-out token loss and accuracy, and task correctness when on.
+SUMMARY_KEYS = ('eval/loss', 'eval/accuracy', 'eval/correctness', 'eval/concise/correctness')
 DATA = ('conversations', 'teacher', 'base', 'synthetic')   # config.sft.data built in; others: registered
 RS_SOURCE = 'rs'  # config.sft.mixture key of the rejection-sampled traces as a source of their own
 
@@ -143,7 +145,7 @@ def with_task_eval(eval_fn, model_config, tokenizer, settings: 'evals.Settings')
 
 def run(config, workdir: str) -> None:
   if loop.is_finished(config, workdir):
-    loop.finish_without_training(config, workdir)
+    loop.finish_without_training(config, workdir, summary_keys=SUMMARY_KEYS)
     return
   tokenizer = tokenizer_lib.default() if config.sft.data != 'synthetic' else None
   model_config, mesh, optimizer, state = state_lib.start(config, tokenizer)
@@ -172,4 +174,4 @@ def run(config, workdir: str) -> None:
   if tokenizer is not None and config.sft.task_eval.per_task_language:
     eval_fn = with_task_eval(eval_fn, model_config, tokenizer, evals.Settings.from_config(config.sft.task_eval))
   loop.run_training(config, workdir, state=state, update_fn=update_fn, batches=batches, eval_fn=eval_fn,
-                    model_config=model_config)
+                    model_config=model_config, summary_keys=SUMMARY_KEYS)

@@ -1,7 +1,7 @@
 """luckystar: the LuckyStar 111B recipe in one small JAX codebase.
 
 Install (CPU torch wheel first, so pip never pulls a CUDA build):
-    pip install torch==2.13.0 -e ".[test,torch]"
+    pip install torch==2.13.0 && pip install -e ".[test,torch]"
 """
 
 import setuptools

@@ -1,4 +1,4 @@
-"""Full precision vs AQT int4 (group-wise and per-channel) on a bundled model: the README's quality table.
+"""Full precision vs AQT int4 (group-wise and per-channel) on a bundled model: the quality table of docs/int4_and_export.md.
 
     python experiments/quantization_quality.py                  # tiny-sft, 64 held-out prompts per task × language
     python experiments/quantization_quality.py --model=tiny-base --per_task_language=16
@@ -9,7 +9,7 @@ The float model is `luckystar.load(--model)` in fp32; each int4 variant is `Mode
 (CONVERT, scales rounded to bf16, then SERVE from the int values). Every variant gets the same held-out
 figures: perplexity of the held-out SFT conversations of both modes (exp of the mean token NLL on assistant
 tokens, `quant.run.heldout_metrics`), and greedy held-out correctness per task and language in both modes
-(`luckystar.engine.evals.evaluate`). Writes `experiments/quantization_quality.md` (the table the README
+(`luckystar.engine.evals.evaluate`). Writes `experiments/quantization_quality.md` (the table docs/int4_and_export.md
 quotes) and prints it. About 10 minutes on 2 CPU cores for tiny-sft at 64 prompts per task × language.
 """
 

@@ -55,7 +55,7 @@ def test_tiny_sft_does_not_think_in_concise_mode(sft_replies):
 
 
 def test_tiny_sft_solves_math_with_the_calculator_and_tiny_base_does_not():
-  """Reasoning-mode math: set the problem up, call the calculator, answer from its result (README
+  """Reasoning-mode math: set the problem up, call the calculator, answer from its result (docs/models.md,
   "Bundled models": 97.5% vs 2.5% of the first 100 held-out prompts per language when built)."""
   from luckystar.rewards import reward
   examples = suites.load('math', 'heldout')[:12]

@@ -8,7 +8,7 @@ A trace sets the problem up step by step as one arithmetic expression (`meta['ex
 the last step's), and the reasoning-mode conversation computes it with the `calculator` tool
 (`luckystar.tools.calculator`) before answering: the agent reasons, the tool does the digits.
 A 5M-parameter model does not learn multi-digit arithmetic in its weights at our budget, even
-from scratchpad traces (README, "Bundled models"), while copying numbers into an expression and
+from scratchpad traces (docs/models.md), while copying numbers into an expression and
 a tool's result into the answer is what it does well.
 """
 

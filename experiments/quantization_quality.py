@@ -1,4 +1,4 @@
-"""Full precision vs AQT int4 (group-wise and per-channel) on a bundled model: the quality table of docs/int4_and_export.md.
+"""Full precision vs AQT int4 (group-wise and per-channel) on a bundled model: docs/int4_and_export.md's table.
 
     python experiments/quantization_quality.py                  # tiny-sft, 64 held-out prompts per task × language
     python experiments/quantization_quality.py --model=tiny-base --per_task_language=16

@@ -176,12 +176,17 @@ def plot(workdir: str | pathlib.Path, keys: Sequence[str] = DEFAULT_PLOT_KEYS) -
 # ---- the printed summary --------------------------------------------------------------------------
 
 
+def percent(value: Any) -> str:
+  """A share as people read it: '12.5%' ('n/a' for none)."""
+  return 'n/a' if value is None or (isinstance(value, float) and math.isnan(value)) else f'{100 * value:.1f}%'
+
+
 def format_value(name: str, value: Any) -> str:
   """A logged figure for people: shares (`SHARES`) in %, counts as they are, others to 4 significant digits."""
   if value is None or (isinstance(value, float) and math.isnan(value)):
     return 'n/a'
   if SHARES & set(name.split('/')):
-    return f'{100 * value:.1f}%'
+    return percent(value)
   return str(value) if isinstance(value, int) else f'{value:.4g}'
 
 

@@ -222,7 +222,7 @@ def load_teacher(config) -> tuple[model.ModelConfig, Any]:
 def run(config, workdir: str) -> None:
   workdir = pathlib.Path(workdir)
   settings = config.rejection_sampling
-  stats = artifacts.load_or_build(workdir, STATS_FILE, settings_of(config), lambda: sample(config, workdir),
+  stats = artifacts.load_or_build(workdir, STATS_FILE, settings_of(config), lambda: sample(config),
                                   what='rejection-sampled traces')
   print_summary(workdir, stats, samples=settings.samples_per_prompt, teacher=config.init_from)
 
@@ -231,8 +231,8 @@ def print_summary(workdir: pathlib.Path, stats: dict[str, Any], *, samples: int,
   """Prints (process 0) and returns the stage's summary: pass@1, pass@N and kept traces overall, and where
   the traces and the per-task report are."""
   overall, workdir = stats['groups']['all'], workdir.absolute()
-  share = lambda value: metrics_lib.format_value('correctness', value)
-  figures = [('pass@1', share(overall['pass@1'])), (f'pass@{samples}', share(overall['pass@N'])),
+  figures = [('pass@1', metrics_lib.percent(overall['pass@1'])),
+             (f'pass@{samples}', metrics_lib.percent(overall['pass@N'])),
              ('kept traces', f'{overall["kept_traces"]} for {overall["prompts_with_kept_trace"]} of '
                              f'{overall["prompts"]} prompts'),
              ('language filter', f'{overall["dropped_by_language_filter"]} samples dropped')]
@@ -242,7 +242,7 @@ def print_summary(workdir: pathlib.Path, stats: dict[str, Any], *, samples: int,
        ('stats', workdir / STATS_FILE)])
 
 
-def sample(config, workdir: pathlib.Path) -> tuple[dict[str, Any], artifacts.Files]:
+def sample(config) -> tuple[dict[str, Any], artifacts.Files]:
   """(stats, {traces, report}): every prompt sampled and its traces kept or dropped (module docstring)."""
   settings = config.rejection_sampling
   examples = rs_prompts(config)

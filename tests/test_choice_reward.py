@@ -74,6 +74,48 @@ def test_no_letter_or_ambiguous_is_none(response):
   assert choice.extract_choice(response) is None
 
 
+@pytest.mark.parametrize('response', [
+    # A second letter chained on, softened or in brackets.
+    'The answer is A (or B).',
+    'The answer is A, or possibly B.',
+    'The answer is A or maybe option B',
+    'Answer: A, perhaps B',
+    '정답은 A 또는 아마 B',
+    '정답은 A (혹은 B)입니다',
+    # A second letter offered in a sentence or clause of its own.
+    'The answer is A. Or B.',
+    'The answer is A. Alternatively, B.',
+    'The answer is A; if not, B.',
+    '정답은 A입니다. 아니면 B일 수도 있습니다.',
+    '정답은 C입니다. 혹은 D',
+    # ... or with a modal or 'also'.
+    'The answer is A, but it could also be B.',
+    'The answer is A; B might also be correct.',
+    'The answer is A, though B is also possible.',
+    'The answer is C. B is correct too.',
+    '정답은 A일 수도 있고 B일 수도 있습니다.',
+    '정답은 A입니다. B도 정답일 수 있습니다.',
+    '정답: C번. D번도 가능합니다.',
+])
+def test_a_hedge_is_no_choice_and_scores_as_wrong(response):
+  assert choice.extract_choice(response) is None
+  for gold in 'ABCD':
+    assert choice.is_correct(response, gold) is False   # False, not None: wrong, never unscorable
+
+
+@pytest.mark.parametrize('response, expected', [
+    ('Option A or B would require more, but the answer is C', 'C'),   # discussed, not offered
+    ('The answer is C. I considered A or B, but they fail.', 'C'),
+    ('The answer is C. A might seem right, but it is not.', 'C'),
+    ('Maybe A is tempting, but the answer is C', 'C'),
+    ('The answer could be C.', 'C'),                                  # tentative, but one letter
+    ('The answer is C, not D.', 'C'),
+    ('The answer is C. Or rather, C.', 'C'),                          # the same letter twice is no hedge
+])
+def test_naming_other_letters_is_not_a_hedge(response, expected):
+  assert choice.extract_choice(response) == expected
+
+
 def test_option_count_bounds_the_letters():
   assert choice.extract_choice('The answer is E', num_options=4) is None
   assert choice.extract_choice('The answer is D', num_options=4) == 'D'

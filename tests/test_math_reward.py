@@ -208,6 +208,96 @@ def test_adversarial_prediction_is_bounded_and_never_rewarded(verifier, tmp_path
   assert verifier.score('The answer is \\boxed{7}.', '7', timeout_s=CALL_BOUND_S) is True
 
 
+BOMB_TIMEOUT_S = 0.15   # every bomb below hangs sympy for seconds
+_FAILURES = ('timeout', 'crash', 'worker_error')
+
+
+# Bare LaTeX golds read as something else when parsed as a prediction (a bare '3\pi' reads as 3), so the
+# verdict must not rest on scoring the gold as a prediction. The wrong answer comes first, as in an RL group:
+# its generous timeout lets the gold's check pass on a busy machine.
+@pytest.mark.parametrize('gold, correct, bomb', [
+    pytest.param('3\\pi', '$3\\pi$', '$9^{9^{9^{9}}}$', id='pi-latex tower'),
+    pytest.param('\\sqrt{5}', '$\\sqrt{5}$', '9**9**9**9', id='sqrt-power tower'),
+    pytest.param('\\dfrac{5}{7}', '$\\frac{5}{7}$', '\\boxed{9^{9^{9^{9}}}}', id='dfrac-boxed tower'),
+    pytest.param('[0, 2)', '$[0, 2)$', '$8^{8^{8^{8}}}$', id='interval-8 tower'),
+    pytest.param('y=4', 'y = 4', '$' + '{' * 3_000 + '1' + '}' * 3_000 + '$', id='assignment-nested braces'),
+    pytest.param('35\\%', '35%', '정답은 $7^{7^{7^{7}}}$입니다.', id='percent-korean tower'),
+    pytest.param('$\\frac{2}{9}$', '$\\frac{2}{9}$', 'The answer is $2^{2^{2^{2^{2^{2}}}}}$.', id='dollars-2 tower'),
+    pytest.param('\\boxed{\\frac{4}{11}}', '$\\frac{4}{11}$', '$' + '(' * 3_000 + '1' + ')' * 3_000 + '$',
+                 id='boxed-nested parens'),
+])
+def test_a_verifier_bomb_scores_as_wrong_for_every_gold_form(verifier, gold, correct, bomb):
+  assert verifier.score('The answer is 987654321.', gold, timeout_s=VERDICT_TIMEOUT_S) is False
+  failures = sum(verifier.stats[key] for key in _FAILURES)
+  assert verifier.score(bomb, gold, timeout_s=BOMB_TIMEOUT_S) is False   # not None: no escape from the penalty
+  assert sum(verifier.stats[key] for key in _FAILURES) == failures + 1   # counted as what it was
+  assert verifier.score(correct, gold, timeout_s=VERDICT_TIMEOUT_S) is True
+
+
+@pytest.mark.parametrize('hang', ['interrupted', 'killed'])
+def test_a_bomb_as_the_first_prediction_for_a_gold_scores_as_wrong(verifier, monkeypatch, hang):
+  if hang == 'killed':
+    _hang_until_killed(monkeypatch)
+  gold = {'interrupted': '5\\pi', 'killed': '\\sqrt{7}'}[hang]   # spelt only here: not checked yet
+  assert verifier.score('9**9**9**9', gold, timeout_s=TIMEOUT_S) is False   # the gold is checked first
+  assert (verifier.worker_pid is None) == (hang == 'killed')
+  assert verifier.score(f'${gold}$', gold, timeout_s=VERDICT_TIMEOUT_S) is True
+
+
+def test_none_only_when_the_gold_cannot_be_scored(verifier):
+  unparsable = verifier.stats['gold_unparsable']
+  for gold in ('\\frac{', '98 values'):   # does not parse; prose, for the judge
+    assert verifier.score('9**9**9**9', gold, timeout_s=BOMB_TIMEOUT_S) is None   # the bomb never reaches sympy
+    assert verifier.score('The answer is 987654321.', gold, timeout_s=VERDICT_TIMEOUT_S) is None
+  assert verifier.stats['gold_unparsable'] == unparsable + 4
+
+
+def test_a_gold_whose_own_check_times_out_is_unscorable(verifier):
+  failed = verifier.stats['gold_check_failed']
+  slow_gold = '{' * 3_000 + '1' + '}' * 3_000   # trusted data, but no gold is this slow to parse
+  assert verifier.score('1', slow_gold, timeout_s=0.2) is None
+  assert verifier.stats['gold_check_failed'] == failed + 1
+
+
+@pytest.mark.parametrize('prediction', [
+    # Korean: negated, called wrong, taken back.
+    '정답은 5가 아니라 7입니다.',
+    '정답은 5이 아니고 7입니다.',
+    '5는 틀렸고 정답은 7입니다.',
+    '답은 5가 아닌 7',
+    '5는 정답이 아니고 7이 정답입니다.',
+    '정답은 5, 아니 7입니다.',
+    '5개가 아니라 7개입니다.',
+    '정답은 $5$가 아니라 $7$입니다.',
+    # English.
+    'The answer is not 5 but 7.',
+    '5, no wait, 7',
+    'The answer is not 5; it is 7.',
+    'The answer is 7, not 5.',
+    '7, not 5',
+    '7 is correct, 5 is wrong.',
+    "The answer is 5, no wait, it's 7.",
+    'The answer is \\boxed{7}, not \\boxed{5}.',
+    'It is 7 rather than 5.',
+])
+def test_a_rejected_value_is_not_the_answer(verifier, prediction):
+  assert verifier.score(prediction, '7', timeout_s=VERDICT_TIMEOUT_S) is True
+  assert verifier.score(prediction, '5', timeout_s=VERDICT_TIMEOUT_S) is False
+
+
+@pytest.mark.parametrize('prediction, gold', [
+    ('정답은 12입니다. 틀린 풀이의 5는 무시합니다.', '12'),   # a later sentence's '틀린' rejects nothing before it
+    ('5는 틀리지 않았습니다.', '5'),                           # 'not wrong'
+    ('정답은 5 아닌가요?', '5'),                               # 'isn't it 5?' asserts 5
+    ('x is not 0, so the answer is 7.', '7'),
+    ('The answer is 7. It is not 8.', '7'),
+    ('The answer is 3/4, not 0.7.', '3/4'),
+    ('The number is not 10 which is 1,000.99', '1000.99'),
+])
+def test_a_value_that_is_not_rejected_still_counts(verifier, prediction, gold):
+  assert verifier.score(prediction, gold, timeout_s=VERDICT_TIMEOUT_S) is True
+
+
 def test_overlong_prediction_is_false_without_a_worker_round_trip(verifier):
   before = dict(verifier.stats)
   assert verifier.score('7 ' * math_reward.MAX_PREDICTION_CHARS, '7') is False
@@ -218,7 +308,7 @@ def test_overlong_prediction_is_false_without_a_worker_round_trip(verifier):
 def test_slow_sympy_interrupts_itself_and_keeps_the_worker(verifier):
   verifier.score('1', '1')
   pid, timeouts = verifier.worker_pid, verifier.stats['timeout']
-  assert verifier.score('9**9**9**9', '5', timeout_s=TIMEOUT_S) is None
+  assert verifier.score('9**9**9**9', '5', timeout_s=TIMEOUT_S) is False   # the gold parses: as wrong as wrong
   assert verifier.stats['timeout'] == timeouts + 1
   assert verifier.worker_pid == pid
   assert verifier.score('x = 3', '3') is True
@@ -234,7 +324,7 @@ def test_timeout_kills_worker_and_next_call_restarts_it(verifier, monkeypatch):
   verifier.score('1', '1')
   first_pid = verifier.worker_pid
   timeouts = verifier.stats['timeout']
-  assert verifier.score('9**9**9**9', '5', timeout_s=TIMEOUT_S) is None
+  assert verifier.score('9**9**9**9', '5', timeout_s=TIMEOUT_S) is False
   assert verifier.stats['timeout'] == timeouts + 1
   assert verifier.worker_pid is None
   with pytest.raises(ProcessLookupError):
@@ -243,7 +333,7 @@ def test_timeout_kills_worker_and_next_call_restarts_it(verifier, monkeypatch):
   assert verifier.worker_pid not in (None, first_pid)
 
 
-def test_worker_crash_mid_call_scores_none_and_restarts(verifier):
+def test_worker_crash_mid_call_scores_false_and_restarts(verifier):
   verifier.score('1', '1')
   pid = verifier.worker_pid
   crashes = verifier.stats['crash']
@@ -251,7 +341,7 @@ def test_worker_crash_mid_call_scores_none_and_restarts(verifier):
   killer = threading.Timer(0.3, os.kill, (pid, signal.SIGKILL))
   killer.start()
   try:
-    assert verifier.score('9**9**9**9', '5', timeout_s=60.0) is None
+    assert verifier.score('9**9**9**9', '5', timeout_s=60.0) is False
   finally:
     killer.cancel()
   assert verifier.stats['crash'] == crashes + 1
@@ -274,7 +364,7 @@ def test_batch_reuses_one_worker_and_survives_a_hang(verifier, monkeypatch):
   starts = verifier.stats['worker_starts']
   scores = verifier.score_all([('\\boxed{0.5}', '\\frac{1}{2}'), ('7', '8'), ('정답은 3입니다', '3'),
                                ('9**9**9**9', '5'), ('1,234', '1234')], timeout_s=TIMEOUT_S)
-  assert scores == [True, False, True, None, True]
+  assert scores == [True, False, True, False, True]
   assert verifier.stats['worker_starts'] == starts + 1   # one restart, after the hang only
 
 

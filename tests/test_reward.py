@@ -1,7 +1,10 @@
 """The RLVR reward: correctness − 0.5·mismatch, the format check, and unscorable samples."""
 
+import dataclasses
 import json
 
+import hypothesis
+import hypothesis.strategies as st
 import pytest
 
 from luckystar.data import nl2sql, suites
@@ -45,6 +48,61 @@ def test_format_check_is_part_of_correctness():
 def test_a_prediction_that_hangs_the_verifier_is_wrong_not_unscorable():
   verdict = reward.score(EN_MATH, AssistantTurn(response='The answer is 9**9**9**9.', ended=True), timeout_s=1.0)
   assert verdict.correct is False and verdict.reward == 0.0
+
+
+BOMB_TIMEOUT_S = 0.15   # every bomb outlives it; the wrong answer before it had the gold checked
+VERDICT_TIMEOUT_S = 10.0   # a plain answer is scored on a busy machine too
+# Every gold form the math verifier accepts; a, b in 1..99, c = a + b.
+GOLD_FORMS = ('{a}', '-{a}', '{a}.{b}', '{a},{b:03d}', '\\frac{{{a}}}{{{b}}}', '\\dfrac{{{a}}}{{{b}}}', '\\sqrt{{{a}}}',
+              '{a}\\pi', '[{a}, {c})', '(-{a}, {b}]', 'x={a}', '{a}\\%', '${a}/{b}$', '$\\frac{{{a}}}{{{b}}}$',
+              '\\boxed{{{a}}}', '\\boxed{{\\sqrt{{{a}}}}}')
+VERIFIER_BOMBS = {
+    'latex power tower': '$9^{9^{9^{9}}}$',
+    'power tower': '9**9**9**9',
+    'factorial': '100000!',
+    'latex factorial': '$100000!$',
+    'huge sum': '$\\sum_{i=1}^{10^{100}} i$',
+    'nested frac': '$' + '\\frac{' * 700 + '1' + '}{2}' * 700 + '$',
+    'nested braces': '$' + '{' * 3_000 + '1' + '}' * 3_000 + '$',
+    'nested parens': '(' * 4_000 + '1' + ')' * 4_000,
+    'unbalanced boxed': '\\boxed{' * 1_400,
+    'over-long answer': '정답은 7입니다. ' * 1_500,
+    'over-long junk': 'a' * 20_000,
+}
+WRONG_ANSWER = {'ko': '정답은 987654321입니다.', 'en': 'The answer is 987654321.'}
+
+
+@hypothesis.settings(max_examples=30, deadline=None)
+@hypothesis.given(form=st.sampled_from(GOLD_FORMS), a=st.integers(1, 99), b=st.integers(1, 99),
+                  bomb=st.sampled_from(sorted(VERIFIER_BOMBS)), example=st.sampled_from([KO_MATH, EN_MATH]))
+def test_a_verifier_failure_never_beats_a_wrong_answer(form, a, b, bomb, example):
+  example = dataclasses.replace(example, answer=form.format(a=a, b=b, c=a + b))
+  wrong = reward.score(example, AssistantTurn(response=WRONG_ANSWER[example.language], ended=True),
+                       timeout_s=VERDICT_TIMEOUT_S)
+  failed = reward.score(example, AssistantTurn(response=VERIFIER_BOMBS[bomb], ended=True), timeout_s=BOMB_TIMEOUT_S)
+  assert wrong.correct is False and wrong.reward == 0.0   # every generated gold is one the verifier accepts
+  assert failed.correct is False   # not None: a bomb is no way out of the penalty
+  assert failed.reward <= wrong.reward
+
+
+@pytest.mark.parametrize('response, correct', [
+    ('정답은 8이 아니라 7입니다.', True),
+    ('정답은 7이 아니라 8입니다.', False),
+    ('8은 틀렸고 정답은 7입니다.', True),
+    ('7, no wait, 8', False),
+])
+def test_a_corrected_answer_is_scored_as_corrected(response, correct):
+  verdict = reward.score(KO_MATH, AssistantTurn(response=response, ended=True), timeout_s=VERDICT_TIMEOUT_S)
+  assert verdict.correct is correct
+
+
+def test_a_hedged_choice_is_wrong_not_unscorable():
+  mc = suites.load('korean_mc', 'heldout')[0]
+  other = 'A' if mc.answer != 'A' else 'B'
+  for response in (f'정답은 {mc.answer} 또는 {other}입니다.', f'정답은 {other}입니다. 아니면 {mc.answer}일 수도 있습니다.',
+                   f'정답은 {mc.answer}입니다. {other}도 정답일 수 있습니다.'):
+    verdict = reward.score(mc, AssistantTurn(response=response, ended=True))
+    assert (verdict.correct, verdict.reward) == (False, 0.0), response
 
 
 def test_unscorable_gold_gives_no_reward_and_the_judge_is_asked():

@@ -2,8 +2,21 @@
 
 Reads only the response section. The rules go from explicit to weak; the
 first rule that finds any letter decides, and within it every letter found
-must agree, or the answer is ambiguous (None). A hedge ('A or B', 'A 또는 B')
-is two letters, so it is None too: a policy must not win by naming several.
+must agree, or the answer is ambiguous (None). A hedge is None too: a policy
+must not win by naming several. None is no choice, so `is_correct` (and the
+RL reward through it) scores a hedge as wrong, never as unscorable. A hedge
+offers a second letter as a possible answer, wherever it stands:
+
+- chained onto the chosen letter, with or without softening words: 'A or B',
+  'A 또는 B', 'A (or B)', 'A, or possibly B', 'A, maybe B', 'A 혹은 아마 B';
+- opening a sentence or clause: 'Or B.', 'Alternatively, B', 'If not, B',
+  '아니면 B', '혹은 B';
+- with a modal or 'also': 'it could also be B', 'the answer might be B',
+  'B might also be correct', 'B is also possible', 'B is correct too',
+  'B일 수도 있습니다', 'B도 정답일 수 있습니다', 'B도 가능합니다'.
+
+Naming other letters to discuss or reject them is no hedge ('B and C are
+plausible, but the answer is C', 'A는 틀렸습니다', 'C, not D').
 
 1. Answer markers: 'answer is C', 'Answer: (C)', 'the correct option is C',
    'I choose C', '\\boxed{C}', '정답: C', '정답은 C입니다', '답은 C', 'C가
@@ -52,9 +65,27 @@ _ANSWER_MARKERS = tuple(re.compile(pattern, re.IGNORECASE) for pattern in (
     r'(?:정답(?!이\s*아)|맞습니다|맞아요|옳습니다)',
     rf'(?<![A-Za-z0-9])(?-i:{_LETTER})[)\]*]*\s+is\s+(?:the\s+)?(?:correct|right|best|answer)\b',
 ))
+# Words that soften a second letter without withdrawing it: 'or possibly B', 'or else option B', '또는 아마 B'.
+_SOFTENING = (r'(?:\s*(?:\b(?:also|else|even|maybe|perhaps|possibly|probably|just|option|choice)\b'
+              r'|아마도?|어쩌면))*')
 # A second letter chained on by 'or', 'and', '/', ',', '또는' ... turns one assertion into a hedge.
-_HEDGE = re.compile(r'[)\]*]*\s*(?:,|/|\bor\b|\band\b|\bnor\b|또는|혹은|아니면|이나|나|와|과|및)'
-                    rf'\s*{_OPEN}{_LETTER}')
+_HEDGE = re.compile(r'[)\]*]*\s*\(?(?:\s*(?:,|/|\bor\b|\band\b|\bnor\b|또는|혹은|아니면|이나|나|와|과|및|'
+                    rf'(?i:maybe|perhaps|possibly)))+{_SOFTENING}\s*{_OPEN}{_LETTER}')
+_POSSIBLE = r'(?:correct|right|possible|valid|acceptable|an?\s+(?:option|answer)|the\s+answer)'
+# A letter offered as a possible answer anywhere in the response (see the module docstring).
+_ALTERNATIVES = tuple(re.compile(pattern, re.IGNORECASE) for pattern in (
+    # 'Or B.', 'Alternatively, B', 'If not, B', '아니면 B' opening a sentence or clause
+    r'(?:^|[.;!?:]\s*|,\s*(?=if\b))(?:or|alternatively|otherwise|if\s+not|아니면|혹은|또는)\b[\s,]*'
+    rf'{_SOFTENING}\s*{_OPEN}(?-i:{_LETTER})',
+    # 'it could also be B', 'the answer might be option B'
+    rf'\b(?:could|might|may)\s+(?:also\s+)?be\s+{_SOFTENING}\s*{_OPEN}(?-i:{_LETTER})',
+    # 'B might also be correct', 'B is also possible', 'B is correct too'
+    rf'(?<![A-Za-z0-9])(?-i:{_LETTER})[)\]*]*\s+(?:(?:could|might|may)\s+(?:also\s+)?be|(?:is|would\s+be)\s+also)'
+    rf'\s+{_POSSIBLE}',
+    rf'(?<![A-Za-z0-9])(?-i:{_LETTER})[)\]*]*\s+is\s+{_POSSIBLE}\s+(?:too|as\s+well)\b',
+    # 'B일 수도 있습니다', 'B번도 정답일 수', 'B도 가능합니다'
+    rf'(?<![A-Za-z0-9])(?-i:{_LETTER})[)\]*]*\s*(?:번)?\s*(?:(?:이|가)?\s*일\s*수도|도\s*(?:정답|답이|가능|맞))',
+))
 # A leading letter counts when a label ends it ('G.', 'C)', '**G**', 'B,') or Hangul follows ('D입니다'),
 # not in a row of letters ('A B C D ...').
 _LEADING = re.compile(rf'^{_OPEN}{_LETTER}(?=[.):\]}}>*,/]|$|\s?[가-힣])')
@@ -110,6 +141,12 @@ def _leading_letters(text: str) -> list[str]:
   return _with_hedges(text, match)
 
 
+def _alternative_letters(text: str) -> set[str]:
+  """Letters the response offers as possible answers besides whatever it chose ('..., but it could also be B')."""
+  return {match.group('letter') for pattern in _ALTERNATIVES for match in pattern.finditer(text)
+          if not _is_english_word(text, match) and not _is_ruled_out(text, match)}
+
+
 def _wrapped_letters(text: str) -> list[str]:
   return [match.group('a') or match.group('b') for match in _WRAPPED.finditer(text)]
 
@@ -130,7 +167,7 @@ def option_letters(num_options: int = KOBALT_NUM_OPTIONS) -> str:
 
 
 def extract_choice(response: str, num_options: int = KOBALT_NUM_OPTIONS) -> str | None:
-  """The option letter the response chooses, or None (no letter, ambiguous, or past the option count)."""
+  """The option letter the response chooses, or None (no letter, a hedge, or past the option count)."""
   if not isinstance(response, str):
     raise TypeError(f"response must be str, got {type(response).__name__}; pass '' for a missing response")
   valid = option_letters(num_options)
@@ -142,12 +179,14 @@ def extract_choice(response: str, num_options: int = KOBALT_NUM_OPTIONS) -> str 
       if len(letters) > 1:
         return None
       (letter,) = letters
+      if (_alternative_letters(text) - {letter}) & set(valid):   # another option offered as well: a hedge
+        return None
       return letter if letter in valid else None
   return None
 
 
 def is_correct(response: str, gold_letter: str, num_options: int = KOBALT_NUM_OPTIONS) -> bool:
-  """Does the response choose gold_letter (case-insensitive)? A missing or ambiguous choice is False."""
+  """Does the response choose gold_letter (case-insensitive)? A missing choice or a hedge is False."""
   gold = gold_letter.strip().upper() if isinstance(gold_letter, str) else gold_letter
   if gold not in tuple(option_letters(num_options)):
     raise ValueError(f'gold_letter {gold_letter!r} is not one of the {num_options} options '

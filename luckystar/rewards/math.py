@@ -14,13 +14,12 @@ parsing and comparison happens in a separate worker process:
   top, so it doubles as the worker program, which imports only math-verify.
 - It is persistent: sympy is imported once, then requests flow over its
   stdin/stdout as length-prefixed JSON (no pickle in either direction).
-- A call that runs past `timeout_s` gets its worker terminated (then killed)
-  and scores None; a crash scores None too. A fresh worker starts on the next
-  call (~1 s of imports). The calling process survives all of it. To save
-  that restart when sympy is merely slow in Python code, the worker first
-  interrupts itself (SIGALRM, at `SOFT_TIMEOUT_FRACTION` of `timeout_s`) and
-  scores None; the kill is for hangs inside C (`9**9**9**9`), where no signal
-  handler runs.
+- A request that runs past `timeout_s` gets its worker terminated (then
+  killed); a fresh worker starts on the next one (~1 s of imports). The calling
+  process survives all of it. To save that restart when sympy is merely slow
+  in Python code, the worker first interrupts itself (SIGALRM, at
+  `SOFT_TIMEOUT_FRACTION` of `timeout_s`); the kill is for hangs inside C
+  (`9**9**9**9`), where no signal handler runs.
 - The worker caps its own address space (`RLIMIT_AS`, 3 GiB), ignores Ctrl-C
   (the trainer decides when it ends) and dies with its parent (Linux
   `PR_SET_PDEATHSIG`; elsewhere an idle worker still exits on stdin EOF).
@@ -29,10 +28,15 @@ parsing and comparison happens in a separate worker process:
   limits to digits, operators and parentheses; LaTeX goes through an ANTLR
   parser. Both run inside the worker anyway.
 
-Scores: True (equivalent), False (not equivalent, or no answer found in the
-prediction), None (cannot be scored: the gold answer does not parse or is
-prose, or the worker timed out or crashed). Callers count Nones as their own
-metric; they are never a silent 0. `MathVerifier.stats` counts why.
+Scores: True (equivalent), False (not equivalent, no answer found in the
+prediction, or the prediction made the verifier fail), None (the gold itself
+cannot be scored: it does not parse or is prose, or checking it failed).
+Before a gold's first prediction the worker checks that the gold parses, with
+the same parsing scoring uses, and the answer is cached per gold. So a
+prediction that times out, crashes the worker or makes math-verify raise
+scores False, exactly as a wrong answer does: an RL policy gains nothing by
+emitting verifier bombs, whatever form the gold has. Callers count Nones as
+their own metric; they are never a silent 0. `MathVerifier.stats` counts why.
 
 Predictions longer than `MAX_PREDICTION_CHARS` score False without parsing:
 the response section holds the final answer, and no genuine one is that long,
@@ -56,6 +60,14 @@ is 404/5.`). Without any marker, the last number or LaTeX expression in the
 text is the answer. LaTeX in a prediction needs delimiters: a bare `2\\pi`
 reads as the number 2.
 
+A value the prediction itself rejects is not its answer, as a person reads it:
+negated (`5가 아니라 7`, `5는 정답이 아니고 7`, `5가 아닌 7`, `not 5 but 7`,
+`7, not 5`, `is not 5; it is 7`), called wrong (`5는 틀렸고 정답은 7`,
+`7 is right, 5 is wrong`) or taken back for another (`5, no wait, 7`,
+`5, 아니 7`). Such values (numbers, fractions, percentages, `$..$`,
+`\\(..\\)`, `\\boxed{}`) are struck out before the answer is looked for; all
+of these score as 7.
+
 Gold answers are LaTeX, bare (`\\frac{\\sqrt{2}}{2}`, `42`, `x=3`, as in MATH's
 boxed contents) or already delimited; bare ones are parsed as `\\boxed{gold}`.
 `\\$` is a dollar sign, dropped: `\\$18.90` is 18.90. A bare gold with prose
@@ -71,6 +83,7 @@ to 3`, whose letters would otherwise multiply as symbols.
 
 import atexit
 import collections
+import functools
 import json
 import logging
 import os
@@ -91,6 +104,7 @@ MAX_PREDICTION_CHARS = 10_000
 SOFT_TIMEOUT_FRACTION = 0.8
 MAX_ANSWER_MARKERS = 3   # each costs a parse (~2 ms): a prediction of 1000 'answer:'s must not time out
 STARTUP_TIMEOUT_S = 60.0   # importing sympy is trusted work, but slow on a loaded machine
+GOLD_CACHE_SIZE = 65_536   # golds whose parse (worker) and parses-or-not (parent) are kept: a run's worth
 
 _FRAME_HEADER = struct.Struct('>I')   # payload length, then UTF-8 JSON
 _TERMINATE_GRACE_S = 0.5
@@ -109,6 +123,26 @@ _LATEX_NOT_WORDS = re.compile(r'\\(?:text\w*|math\w*|mbox|operatorname|begin|end
 # 404/5): a space goes between a number and the Hangul after it, and a period that ends a number goes.
 _NUMBER_THEN_HANGUL = re.compile(r'(\d)(?=[가-힣])')
 _PERIOD_AFTER_NUMBER = re.compile(r'(\d)\.(?!\d)')
+# A value a prediction states: delimited LaTeX, or a number that starts a digit run (so the scan stays linear
+# on long digit strings), with its fraction and percent sign.
+_VALUE = (r'(?:\$[^$]+\$|\\\(.{0,500}?\\\)|\\boxed\{(?:[^{}]|\{[^{}]*\})*\}'
+          r'|(?<![0-9A-Za-z.,])[-−]?\d+(?:[.,]\d+)*(?:\s*/\s*\d+(?:\.\d+)?)?(?:\s*\\?%)?)')
+_NOT_RIGHT = r'(?:the\s+(?:right\s+|correct\s+)?answer|right|correct)'
+# A value the text rejects, with the words that reject it (see the module docstring).
+_REJECTED_VALUE = re.compile(
+    # Korean, after the value: '5가 아니라', '5는 정답이 아니고', '5, 아니', '5는 틀렸고' (not '아니면' = or,
+    # '아닌가' = isn't it, '틀리지 않' = not wrong, '틀림없' = surely).
+    rf'{_VALUE}[가-힣]{{0,3}}(?:\s*정?답[가-힣]{{0,2}})?[\s,…]*'
+    r'(?:아니(?!면)|아닌(?!가)|아닙|틀리(?!지\s*않)|틀렸|틀린|틀림(?!없)|오답)[가-힣]*[\s,.…]*'
+    # English, before the value: 'not 5 but', 'is not 5;', "isn't 5", 'rather than 5'.
+    rf'|\b(?:not|isn[\'’]t|wasn[\'’]t|cannot\s+be|can[\'’]t\s+be|never|rather\s+than|instead\s+of)\s+'
+    rf'(?:equal\s+to\s+|be\s+)?{_VALUE}[\s,;:]*(?:but\b)?'
+    # English, after the value: '5 is wrong', "5 isn't the answer".
+    rf'|{_VALUE}\s+(?:(?:is|was)\s+(?:wrong|incorrect|not\s+{_NOT_RIGHT})|(?:isn|wasn)[\'’]t\s+{_NOT_RIGHT})\b'
+    # Taken back for the value that follows: '5, no wait, 7', '5 - sorry, I mean 7'.
+    rf'|{_VALUE}[\s,.;:!…—–-]*(?:(?:no|nope|wait|sorry|oops|I\s+mean|correction|scratch\s+that|make\s+that)\b'
+    rf'[\s,.;:!…—–-]*)+(?=(?:it[\'’]?s\s+|it\s+is\s+|the\s+answer\s+is\s+)?{_VALUE})',
+    re.IGNORECASE)
 
 logger = logging.getLogger(__name__)
 
@@ -217,9 +251,11 @@ class MathVerifier:
   after any timeout or crash; `close()` (or leaving a `with` block, or process
   exit) ends it.
 
-  stats counts outcomes that are not a plain True/False: `overlong`
-  (prediction over MAX_PREDICTION_CHARS, scored False), `gold_unparsable`,
-  `timeout`, `crash`, `worker_error` (the last four score None), `worker_starts`.
+  stats counts outcomes that are not a plain True/False, per scored pair:
+  `overlong` (prediction over MAX_PREDICTION_CHARS), and the prediction's
+  `timeout`, `crash`, `worker_error` (all four score False); `gold_unparsable`
+  and `gold_check_failed` (the gold's own check timed out or failed; both score
+  None); and `worker_starts`.
   """
 
   def __init__(self, *, memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
@@ -227,6 +263,7 @@ class MathVerifier:
     self.memory_limit_bytes = memory_limit_bytes
     self.startup_timeout_s = startup_timeout_s
     self.stats = collections.Counter()
+    self._gold_parses: collections.OrderedDict[str, bool] = collections.OrderedDict()   # an LRU
     self._worker: _Worker | None = None
     self._lock = threading.Lock()
 
@@ -253,7 +290,8 @@ class MathVerifier:
 
   def score_all(self, pairs: Sequence[tuple[str, str]], *, timeout_s: float = DEFAULT_TIMEOUT_S
                 ) -> list[bool | None]:
-    """One score per (prediction, gold) pair; timeout_s applies to each pair on its own."""
+    """One score per (prediction, gold) pair; timeout_s bounds each worker request on its own: a new gold's
+    check (once per gold), then each prediction."""
     if not timeout_s > 0:
       raise ValueError(f'timeout_s must be positive, got {timeout_s!r}')
     pairs = list(pairs)
@@ -268,36 +306,58 @@ class MathVerifier:
     if len(prediction) > MAX_PREDICTION_CHARS:
       self.stats['overlong'] += 1
       return False
+    gold_parses = self._gold_parses_cached(gold, timeout_s)
+    if not gold_parses:
+      self.stats['gold_unparsable' if gold_parses is False else 'gold_check_failed'] += 1
+      return None
+    reply, failure = self._request({'prediction': prediction, 'gold': gold}, timeout_s)
+    if failure is not None:   # the gold parses, so the prediction made the verifier fail: no better than wrong
+      self.stats[failure] += 1
+      return False
+    if reply['result'] is None:   # cannot happen for a gold that parsed, unless the worker changed its mind
+      self.stats['gold_unparsable'] += 1
+    return reply['result']
+
+  def _gold_parses_cached(self, gold: str, timeout_s: float) -> bool | None:
+    """Does `gold` parse as a gold, as scoring parses it? Asked once per gold; None when the check itself
+    failed (not cached: a loaded moment must not make a gold unscorable for good)."""
+    if gold in self._gold_parses:
+      self._gold_parses.move_to_end(gold)
+      return self._gold_parses[gold]
+    reply, failure = self._request({'gold': gold}, timeout_s)
+    if failure is not None:
+      logger.warning('checking gold answer %r failed (%s); its predictions score None', gold[:200], failure)
+      return None
+    if not reply['gold_parses']:
+      logger.warning('gold answer %r does not parse as math; its predictions score None', gold[:200])
+    self._gold_parses[gold] = reply['gold_parses']
+    if len(self._gold_parses) > GOLD_CACHE_SIZE:
+      self._gold_parses.popitem(last=False)
+    return reply['gold_parses']
+
+  def _request(self, message: dict, timeout_s: float) -> tuple[dict | None, str | None]:
+    """(the worker's reply, None), or (None, why it failed: 'timeout', 'crash' or 'worker_error')."""
     if self._worker is None or not self._worker.alive():   # lazily, also after an idle worker died
       self._discard_worker()
       self._worker = _Worker(self.memory_limit_bytes, self.startup_timeout_s)
       self.stats['worker_starts'] += 1
     try:
-      self._worker.send({'prediction': prediction, 'gold': gold,
-                         'soft_timeout_s': timeout_s * SOFT_TIMEOUT_FRACTION})
+      self._worker.send(dict(message, soft_timeout_s=timeout_s * SOFT_TIMEOUT_FRACTION))
       reply = self._worker.receive(time.monotonic() + timeout_s)
     except TimeoutError:
-      self.stats['timeout'] += 1
       self._discard_worker()
-      return None
+      return None, 'timeout'
     except (_WorkerGone, ValueError) as e:   # ValueError: a garbled frame from a dying worker
-      self.stats['crash'] += 1
       code = self._worker.process.poll()
-      logger.warning('math-verify worker crashed (exit code %s, %s); scoring None and restarting it',
-                     code, type(e).__name__)
+      logger.warning('math-verify worker crashed (exit code %s, %s); restarting it', code, type(e).__name__)
       self._discard_worker()
-      return None
+      return None, 'crash'
     if reply.get('timeout'):   # the worker interrupted itself and lives on
-      self.stats['timeout'] += 1
-      return None
+      return None, 'timeout'
     if 'error' in reply:   # an exception escaped math-verify inside the worker; the worker lives on
-      self.stats['worker_error'] += 1
-      logger.warning('math-verify raised %s; scoring None', reply['error'])
-      return None
-    if reply.get('result') is None:
-      self.stats['gold_unparsable'] += 1
-      logger.warning('gold answer %r does not parse as math; scoring None', gold[:200])
-    return reply.get('result')
+      logger.warning('math-verify raised %s', reply['error'])
+      return None, 'worker_error'
+    return reply, None
 
   def _discard_worker(self) -> None:
     if self._worker is not None:
@@ -318,7 +378,7 @@ def _shared_verifier() -> MathVerifier:
 
 
 def is_correct(prediction: str, gold: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool | None:
-  """Is the response section `prediction` mathematically equal to `gold`? None: cannot be scored."""
+  """Is the response section `prediction` mathematically equal to `gold`? None: the gold cannot be scored."""
   return _shared_verifier().score(prediction, gold, timeout_s=timeout_s)
 
 
@@ -408,7 +468,8 @@ def _answer_candidates(prediction: str):
   yield prediction
 
 
-def _verify(math_verify, extraction_config, prediction: str, gold: str) -> bool | None:
+def _parse_gold(math_verify, extraction_config, gold: str) -> list | None:
+  """The gold as scoring reads it, or None when it cannot be scored (empty, prose, or only raw text)."""
   gold = gold.strip().replace('\\$', '')   # trusted data: no length cap. '\$18.90' is a price, not math
   if gold and not any(delimiter in gold for delimiter in _LATEX_DELIMITERS):
     if _is_prose(gold):
@@ -417,8 +478,18 @@ def _verify(math_verify, extraction_config, prediction: str, gold: str) -> bool 
   gold_parsed = math_verify.parse(gold, extraction_config, parsing_timeout=None)
   if all(isinstance(item, str) for item in gold_parsed):   # empty, or only the raw-text fallback
     return None
+  return gold_parsed
+
+
+def _without_rejected_values(prediction: str) -> str:
+  """The prediction with each value it negates, calls wrong or takes back struck out ('5가 아니라 7' → ' 7')."""
+  return _REJECTED_VALUE.sub(' ', prediction)
+
+
+def _verify(math_verify, extraction_config, prediction: str, gold_parsed: list) -> bool:
+  prediction = _KOREAN_ANSWER_MARKER.sub('answer: ', _without_rejected_values(prediction))
   prediction_parsed = []
-  for candidate in _answer_candidates(_KOREAN_ANSWER_MARKER.sub('answer: ', prediction)):
+  for candidate in _answer_candidates(prediction):
     candidate = _PERIOD_AFTER_NUMBER.sub(r'\1', _NUMBER_THEN_HANGUL.sub(r'\1 ', candidate))
     prediction_parsed = math_verify.parse(candidate, extraction_config, parsing_timeout=None)
     if prediction_parsed:
@@ -434,14 +505,20 @@ def _raise_soft_timeout(signum, frame):
   raise _SoftTimeout()
 
 
-def _answer(math_verify, extraction_config, request: dict) -> dict:
+def _answer(math_verify, extraction_config, parse_gold, request: dict) -> dict:
+  """A request with a prediction is scored; one without asks whether its gold parses."""
   try:
     signal.setitimer(signal.ITIMER_REAL, request['soft_timeout_s'])
     try:
-      return {'result': _verify(math_verify, extraction_config, request['prediction'], request['gold'])}
+      gold_parsed = parse_gold(request['gold'])
+      if 'prediction' not in request:
+        return {'gold_parses': gold_parsed is not None}
+      if gold_parsed is None:
+        return {'result': None}
+      return {'result': _verify(math_verify, extraction_config, request['prediction'], gold_parsed)}
     finally:
       signal.setitimer(signal.ITIMER_REAL, 0)
-  except _SoftTimeout:   # also when the alarm lands just after _verify returned: None errs on the safe side
+  except _SoftTimeout:   # also when the alarm lands just after the work returned: a failure errs on the safe side
     return {'timeout': True}
   except Exception as e:   # math-verify catches most (MemoryError, RecursionError too); report the rest
     return {'error': type(e).__name__}
@@ -465,9 +542,12 @@ def _serve(memory_limit_bytes: int, parent_pid: int) -> None:
     return
   logging.getLogger('math_verify').setLevel(logging.ERROR)   # "timeout is disabled" is on purpose
   extraction_config = (math_verify.LatexExtractionConfig(), math_verify.ExprExtractionConfig())
+  # A gold is parsed once, for its check and for every prediction after it (math-verify does not mutate it).
+  parse_gold = functools.lru_cache(maxsize=GOLD_CACHE_SIZE)(
+      functools.partial(_parse_gold, math_verify, extraction_config))
   _write_frame(protocol_out, {'ready': True})
   while (request := _read_frame(protocol_in)) is not None:
-    _write_frame(protocol_out, _answer(math_verify, extraction_config, request))
+    _write_frame(protocol_out, _answer(math_verify, extraction_config, parse_gold, request))
 
 
 def _main(argv: list[str]) -> None:

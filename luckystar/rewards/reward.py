@@ -3,8 +3,11 @@
 Correctness comes from the task's one verifier, reading only the response section
 (or the action, for function calling), after a format check: a missing response
 or an action that is not valid JSON is incorrect. A sample the verifiers cannot
-score (gold SQL fails, the math worker times out) has `correct=None` and no
-reward: callers count it (`train/unscorable`) and leave it out, never score it 0.
+score has `correct=None` and no reward: callers count it (`train/unscorable`)
+and leave it out, never score it 0. Only a gold can make a sample unscorable
+(gold SQL fails, a math gold does not parse): a response that times out or
+crashes a verifier, or hedges between options, scores as a wrong answer, so
+the policy gains nothing by it.
 """
 
 import dataclasses
@@ -61,10 +64,7 @@ def is_correct(example: Example, turn: AssistantTurn, actions: Sequence[str] = (
   """The task's rule verifier (no format check here; see `score`)."""
   response = turn.response or ''
   if example.task == 'math':
-    correct = math_reward.is_correct(response, example.answer, timeout_s=timeout_s)
-    if correct is None and math_reward.is_correct(example.answer, example.answer, timeout_s=timeout_s):
-      return False  # the gold verifies; the prediction hung or crashed the verifier — the policy's doing
-    return correct
+    return math_reward.is_correct(response, example.answer, timeout_s=timeout_s)
   if example.task == 'korean_mc':
     return choice.is_correct(response, example.answer)
   if example.task == 'chat':

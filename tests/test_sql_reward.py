@@ -1,14 +1,22 @@
 """Execution-match reward: multiset vs ordered rows, numeric tolerance, unscorable golds, the gold cache."""
 
+import itertools
+import math
 import os
 import sqlite3
 
+import hypothesis
+from hypothesis import strategies as st
 import pytest
 
 from luckystar.rewards import sql as reward
 from luckystar.tools import sql as sql_tool
 
 pytestmark = pytest.mark.fast
+
+# Near 1.0, within REL_TOL = 1e-9: MID fits ONE and HIGH, which do not fit each other; LOW fits ONE only,
+# BELOW fits LOW only.
+ONE, MID, HIGH, LOW, BELOW = 1.0, 1 + 8e-10, 1 + 1.5e-9, 1 - 8e-10, 1 - 1.5e-9
 
 
 @pytest.fixture(scope='module')
@@ -53,7 +61,8 @@ def test_ordered_comparison_needs_the_same_order():
     (0.1 + 0.2, 0.3, True),
     (3, 3.0, True),
     (1e-12, 0.0, True),            # abs tolerance
-    (1_000_000.0, 1_000_000.5, True),  # rel tolerance 1e-6
+    (1_000_000.0, 1_000_000.0001, True),  # rel tolerance 1e-9
+    (1_000_000.0, 1_000_000.5, False),  # AVG(x) vs the integer division SUM(x) / COUNT(x)
     (1.0, 1.001, False),
     (3, 4, False),
     ('3', 3, False),
@@ -66,6 +75,103 @@ def test_ordered_comparison_needs_the_same_order():
 ])
 def test_cell_comparison(predicted, gold, match):
   assert reward.results_match(_result((predicted,)), _result((gold,)), ordered=False) is match
+
+
+# Numbers that differ in a significant integer digit, or are otherwise more than rounding apart: never equal.
+DIFFERENT_NUMBERS = [
+    (12345670.0, 12345678.0),          # a relative slack of 1e-6 would call them equal
+    (1_000_000, 1_000_001.0),          # an integer and a float one apart at a million
+    (1_000_000, 1_000_000.5),          # SUM(x) / COUNT(x) (integer division) vs AVG(x)
+    (1_234_567_890.0, 1_234_567_891.0),  # where a relative slack of 1e-9 would reach a unit
+    (999_999_999_999.0, 1_000_000_000_000.0),
+    (1e15, 1e15 + 1),
+    (2**53 + 1, float(2**53)),         # an exact integer vs the nearest float, which lost its last digit
+    (2**63 - 1, 9.223372036854776e18),
+    (2.0**60, 2.0**60 + 256),          # adjacent floats far above 2**53
+    (5e8, 5e8 + 0.6),                  # past the cap of the slack (0.5)
+    (0.1, 0.1 + 1e-8),
+    (-3.0, 3),
+    (math.inf, 1.7976931348623157e308),
+    (math.inf, -math.inf),
+    (math.nan, 0.0),
+    (math.nan, math.inf),
+]
+# Numbers equal by value, or apart only by float rounding: always equal.
+EQUAL_NUMBERS = [
+    (3, 3.0),
+    (0.1 + 0.2, 0.3),
+    (sum([0.1] * 10), 1.0),            # 0.9999999999999999
+    (2.9999999999999996, 3),           # rounding across an integer boundary
+    (1e-12, 0.0),                      # cancelled to ~0 (abs tolerance)
+    (123456789.12345678, 123456789.12345679),
+    (1e15 + 0.125, 1e15),              # one float step at 1e15
+    (2**53, float(2**53)),
+    (10**20, 1e20),                    # exactly equal: 1e20 is an integer in binary
+    (-0.0, 0.0),
+    (math.inf, math.inf),
+    (math.nan, math.nan),              # only in hand-built results: SQLite returns NULL for NaN
+]
+
+
+@pytest.mark.parametrize('first, second', DIFFERENT_NUMBERS)
+def test_numbers_a_digit_apart_never_match(first, second):
+  for a, b in ((first, second), (second, first)):
+    assert not reward._cells_equal(a, b)
+    assert not reward.results_match(_result((a,)), _result((b,)), ordered=True)
+    # Unordered, through the sorted pairing and the matching: each pairing leaves one mismatch.
+    assert not reward.results_match(_result((a, 'x'), (1.5, 'y')), _result((1.5, 'y'), (b, 'x')), ordered=False)
+    assert not reward.results_match(_result((a,), (b,)), _result((b,), (b,)), ordered=False)
+
+
+@pytest.mark.parametrize('first, second', EQUAL_NUMBERS)
+def test_numbers_apart_only_by_rounding_match(first, second):
+  for a, b in ((first, second), (second, first)):
+    assert reward._cells_equal(a, b)
+    assert reward.results_match(_result((a, 'x'), (7, 'y')), _result((7, 'y'), (b, 'x')), ordered=False)
+    assert reward.results_match(_result((a, 'x'), (7, 'y')), _result((b, 'x'), (7, 'y')), ordered=True)
+
+
+def test_cell_keys_never_split_equal_values_or_merge_unequal_exact_ones():
+  values = [None, 0, 1, -1, 3, 3.0, 2**53, 2**53 + 1, float(2**53), 2**63 - 1, 1_000_000, 1_000_001.0,
+            0.1 + 0.2, 0.3, math.inf, -math.inf, math.nan, '3', '', '서울', b'3', b'', True, False]
+  keys = sorted(reward._cell_key(v) for v in values)  # a total order over every type
+  assert len(keys) == len(values)
+  for a, b in itertools.product(values, repeat=2):
+    same_key = reward._cell_key(a) == reward._cell_key(b)
+    if reward._cells_equal(a, b) and (not isinstance(a, float) or a == b or a != a):
+      assert same_key, (a, b)   # equal by value (3 and 3.0, NaN and NaN): one key
+    if not (isinstance(a, float) or isinstance(b, float)):
+      assert same_key == reward._cells_equal(a, b), (a, b)
+
+
+def _reference_multiset_match(predicted, gold):
+  """Brute force: some order of the predicted rows equals the gold rows cell by cell."""
+  return any(all(reward._rows_equal(p, g) for p, g in zip(order, gold))
+             for order in itertools.permutations(predicted))
+
+
+# Values near each other, so that swapping a cell within its family often still matches and often does not.
+_FAMILIES = [(3, 3.0, 4), (ONE, MID, HIGH, LOW, BELOW), (1_000_000, 1_000_000.5, 1_000_001.0),
+             (12345670.0, 12345678.0), (2**53, 2**53 + 1, float(2**53)), (0.0, -0.0, 1e-12, 4e-10, -4e-10),
+             (math.nan, math.inf, -math.inf), (None, '3', b'3')]
+# A result's column draws from one family (the tolerant ones more often: chains and values that sort apart).
+_GOLD_ROWS = st.lists(st.sampled_from(_FAMILIES + [_FAMILIES[1], _FAMILIES[5]] * 3), min_size=1, max_size=3).flatmap(
+    lambda families: st.lists(st.tuples(*map(st.sampled_from, families)), min_size=1, max_size=5))
+
+
+def _family(cell):
+  return next(f for f in _FAMILIES if any(x is cell or (type(x) is type(cell) and x == cell) for x in f))
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(gold=_GOLD_ROWS, data=st.data())
+def test_multiset_match_agrees_with_brute_force(gold, data):
+  # Predicted: the gold rows shuffled, some cells swapped within their family; the multiset comparison must
+  # say exactly what trying every row order says.
+  predicted = [tuple(data.draw(st.sampled_from(_family(cell)) | st.just(cell)) for cell in row)
+               for row in data.draw(st.permutations(gold))]
+  expected = _reference_multiset_match(predicted, gold)
+  assert reward.results_match(_result(*predicted), _result(*gold), ordered=False) is expected
 
 
 def test_near_equal_floats_that_sort_apart_still_pair_up():
@@ -90,30 +196,30 @@ def test_distinct_integers_in_another_order_match_and_never_within_tolerance(fir
 
 
 def test_integers_beside_float_columns_pair_by_exact_value():
-  gold = _result((1000001, 0.5, 0.5), (1000002, 1.0000008, 1.0000008), (1000002, 1.0000008, 1.0))
-  assert reward.results_match(_result((1000002, 1.0000008, 1.0000008), (1000001, 0.5 + 1e-12, 0.5),
-                                      (1000002, 1.0, 1.0000015)), gold, ordered=False)
-  assert not reward.results_match(_result((1000002, 1.0000008, 1.0000008), (1000002, 0.5, 0.5),
-                                          (1000001, 1.0, 1.0000015)), gold, ordered=False)
+  gold = _result((1000001, 0.5, 0.5), (1000002, MID, MID), (1000002, MID, ONE))
+  assert reward.results_match(_result((1000002, MID, MID), (1000001, 0.5 + 1e-12, 0.5),
+                                      (1000002, ONE, HIGH)), gold, ordered=False)
+  assert not reward.results_match(_result((1000002, MID, MID), (1000002, 0.5, 0.5),
+                                          (1000001, ONE, HIGH)), gold, ordered=False)
 
 
 def test_tolerance_chains_need_a_real_matching_not_a_greedy_or_sorted_pairing():
-  # Each row fits its partner within tolerance, but tolerance is not transitive: 1.0000008 fits both 1.0 and
-  # 1.0000015, which do not fit each other. Pairing the identical rows first, or by sorted order, strands a row.
-  gold = _result((1.0000008, 1.0000008), (1.0000008, 1.0))
-  predicted = _result((1.0000008, 1.0000008), (1.0, 1.0000015))
+  # Each row fits its partner within tolerance, but tolerance is not transitive: MID fits both ONE and
+  # HIGH, which do not fit each other. Pairing the identical rows first, or by sorted order, strands a row.
+  assert reward._cells_equal(MID, ONE) and reward._cells_equal(MID, HIGH) and not reward._cells_equal(ONE, HIGH)
+  gold = _result((MID, MID), (MID, ONE))
+  predicted = _result((MID, MID), (ONE, HIGH))
   assert reward.results_match(predicted, gold, ordered=False)
-  assert not reward.results_match(_result((1.0000008, 1.0000008), (0.9999992, 1.0000015)), gold, ordered=False)
-  assert reward.results_match(_result((1.0000008,), (1.0,)), _result((1.0,), (1.0000015,)), ordered=False)
-  assert not reward.results_match(_result((1.0000008,), (0.9999985,)), _result((1.0,), (1.0000015,)),
-                                  ordered=False)
+  assert not reward.results_match(_result((MID, MID), (LOW, HIGH)), gold, ordered=False)
+  assert reward.results_match(_result((MID,), (ONE,)), _result((ONE,), (HIGH,)), ordered=False)
+  assert not reward.results_match(_result((MID,), (BELOW,)), _result((ONE,), (HIGH,)), ordered=False)
 
 
 def test_matching_at_the_row_cap():
-  gold = _result(*[(1.0000008, 1.0000008), (1.0000008, 1.0)] * 100)
-  predicted = [(1.0000008, 1.0000008), (1.0, 1.0000015)] * 100
+  gold = _result(*[(MID, MID), (MID, ONE)] * 100)
+  predicted = [(MID, MID), (ONE, HIGH)] * 100
   assert reward.results_match(_result(*predicted), gold, ordered=False)
-  predicted[-1] = (0.9999992, 1.0000015)
+  predicted[-1] = (LOW, HIGH)
   assert not reward.results_match(_result(*predicted), gold, ordered=False)
 
 
@@ -176,6 +282,26 @@ def test_unordered_gold_of_large_integers_matches_them_in_any_order(db_path):
   assert reward.is_correct(db_path, 'SELECT 1000002 UNION ALL SELECT 1700000050 UNION ALL SELECT 1700000000', gold)
   assert reward.is_correct(db_path, 'SELECT 1000002 UNION ALL SELECT 1700000050 UNION ALL SELECT 1700000001',
                            gold) is False
+
+
+@pytest.mark.parametrize('predicted, gold, match', [
+    ('SELECT SUM(x) / COUNT(x) FROM (SELECT 1000000 AS x UNION ALL SELECT 1000001)',   # integer division
+     'SELECT AVG(x) FROM (SELECT 1000000 AS x UNION ALL SELECT 1000001)', False),
+    ('SELECT SUM(x) * 1.0 / COUNT(x) FROM (SELECT 1000000 AS x UNION ALL SELECT 1000001)',
+     'SELECT AVG(x) FROM (SELECT 1000000 AS x UNION ALL SELECT 1000001)', True),
+    ('SELECT 12345670.0', 'SELECT 12345678.0', False),
+    ('SELECT 1000000', 'SELECT 1000001.0', False),
+    ('SELECT CAST(9007199254740993 AS REAL)', 'SELECT 9007199254740993', False),
+    ('SELECT 1e999', 'SELECT 1e999', True),            # SQLite's infinity
+    ('SELECT 0.0 / 0', 'SELECT NULL', True),           # SQLite has no NaN: it returns NULL
+    ('SELECT 3.0', 'SELECT 3', True),
+    ('SELECT TRUE', 'SELECT 1', True),                 # SQLite's booleans are integers
+    ("SELECT '3'", 'SELECT 3', False),
+    ('SELECT 0.1 + 0.2 UNION ALL SELECT 7', 'SELECT 7 UNION ALL SELECT 0.3', True),
+    ('SELECT 1000000 UNION ALL SELECT 7', 'SELECT 7 UNION ALL SELECT 1000000.5', False),
+])
+def test_numbers_end_to_end(db_path, predicted, gold, match):
+  assert reward.is_correct(db_path, predicted, gold) is match
 
 
 def test_order_by_in_gold_makes_order_count(db_path):

@@ -1,11 +1,15 @@
 """The SQL sandbox against an adversarial list: nothing writes, nothing escapes, every call is bounded."""
 
+import fractions
 import hashlib
+import os
+import pathlib
 import sqlite3
 import time
 
 import hypothesis
 from hypothesis import strategies as st
+import numpy
 import pytest
 
 from luckystar.tools import sql
@@ -265,3 +269,188 @@ def test_never_raises(db_path, query):
   result = sql.execute(db_path, query, timeout_s=TIMEOUT_S)
   assert isinstance(result, sql.SqlResult)
   assert result.ok or result.error
+
+
+# ---- Reading leaves the database's directory byte for byte as it was, and returns a normal read's rows. ----
+
+DIGEST = 'SELECT count(*), sum(length(x)), min(substr(x, 1, 8)), max(substr(x, 1, 8)) FROM t'
+
+
+def _snapshot(directory):
+  """Every entry's name, mode, size and content hash: what a read must leave as it was."""
+  return {p.name: (p.stat().st_mode, p.stat().st_size, _sha256(p) if p.is_file() else None)
+          for p in sorted(directory.iterdir())}
+
+
+def _frozen_state(kind, tmp_path):
+  """A database directory as a writer left it mid-way (its files copied while it ran): the db path."""
+  live, frozen = tmp_path / 'live', tmp_path / 'db'
+  live.mkdir()
+  frozen.mkdir()
+  writer = sqlite3.connect(live / 'db.sqlite', isolation_level=None)
+  wal = kind.startswith('wal')
+  writer.execute(f'PRAGMA journal_mode = {"WAL" if wal else "PERSIST" if kind == "persist_journal" else "DELETE"}')
+  writer.execute('PRAGMA wal_autocheckpoint = 0')
+  writer.execute('CREATE TABLE t (x TEXT)')
+  writer.executemany('INSERT INTO t VALUES (?)', [(f'base{i:04d}' * 20,) for i in range(50)])
+  if wal:
+    writer.execute('PRAGMA wal_checkpoint(TRUNCATE)')  # the base rows in the file, the -wal empty
+  if kind in ('wal_committed', 'wal_committed_shm', 'wal_uncommitted_tail', 'wal_kept_frames', 'wal_readonly_dir'):
+    writer.executemany('INSERT INTO t VALUES (?)', [(f'wal{i:04d}' * 20,) for i in range(30)])  # only in the -wal
+  if kind == 'wal_kept_frames':
+    writer.execute('PRAGMA wal_checkpoint(PASSIVE)')  # in the file too; the -wal keeps its frames
+  if kind in ('wal_uncommitted_tail', 'hot_journal', 'empty_db_hot_journal'):
+    writer.execute('PRAGMA cache_size = 1')  # a big transaction spills to the -wal, or to the file (journalled)
+    writer.execute('BEGIN')
+    writer.execute("UPDATE t SET x = 'torn'")
+    writer.executemany('INSERT INTO t VALUES (?)', [(f'spill{i:04d}' * 200,) for i in range(200)])
+  for source in live.iterdir():
+    if not source.name.endswith('-shm') or kind in ('wal_committed_shm', 'wal_checkpointed_shm'):
+      (frozen / source.name).write_bytes(source.read_bytes())
+  if kind == 'stale_empty_wal':
+    (frozen / 'db.sqlite-wal').write_bytes(b'')
+  if kind == 'empty_db_hot_journal':
+    (frozen / 'db.sqlite').write_bytes(b'')
+  writer.close()
+  if kind == 'wal_readonly_dir':
+    frozen.chmod(0o555)
+  return frozen / 'db.sqlite'
+
+
+def _normal_read(db_path, query, tmp_path):
+  """The rows a plain read-write sqlite3 open returns, on a copy of the directory (it may write there)."""
+  scratch = tmp_path / 'normal'
+  scratch.mkdir()
+  for source in db_path.parent.iterdir():
+    (scratch / source.name).write_bytes(source.read_bytes())
+  conn = sqlite3.connect(scratch / db_path.name)
+  try:
+    return tuple(conn.execute(query).fetchall())
+  finally:
+    conn.close()
+
+
+@pytest.mark.parametrize('kind, files, rows', [
+    # WAL, committed rows only in the -wal (a writer that never checkpointed), -shm absent or present:
+    # immutable=1 would miss them, mode=ro would create or write the -shm.
+    ('wal_committed', ['db.sqlite', 'db.sqlite-wal'], (80, 12200, 'base0000', 'wal0029w')),
+    ('wal_committed_shm', ['db.sqlite', 'db.sqlite-shm', 'db.sqlite-wal'], (80, 12200, 'base0000', 'wal0029w')),
+    ('wal_readonly_dir', ['db.sqlite', 'db.sqlite-wal'], (80, 12200, 'base0000', 'wal0029w')),
+    # ... and behind them uncommitted frames of a transaction that spilled: a normal read ignores them.
+    ('wal_uncommitted_tail', ['db.sqlite', 'db.sqlite-wal'], (80, 12200, 'base0000', 'wal0029w')),
+    # Checkpointed: the -wal still holds the frames, or was truncated to 0 bytes beside a live -shm.
+    ('wal_kept_frames', ['db.sqlite', 'db.sqlite-wal'], (80, 12200, 'base0000', 'wal0029w')),
+    ('wal_checkpointed_shm', ['db.sqlite', 'db.sqlite-shm', 'db.sqlite-wal'], (50, 8000, 'base0000', 'base0049')),
+    # Rollback journal: a hot one from a transaction that wrote into the file (a normal read rolls it back;
+    # mode=ro refuses, immutable=1 reads torn pages), a zeroed PERSIST one, a 0-byte -wal left beside it.
+    ('hot_journal', ['db.sqlite', 'db.sqlite-journal'], (50, 8000, 'base0000', 'base0049')),
+    ('persist_journal', ['db.sqlite', 'db.sqlite-journal'], (50, 8000, 'base0000', 'base0049')),
+    ('stale_empty_wal', ['db.sqlite', 'db.sqlite-wal'], (50, 8000, 'base0000', 'base0049')),
+])
+def test_reads_change_no_byte_beside_the_database_and_see_what_a_normal_read_sees(kind, files, rows, tmp_path):
+  db_path = _frozen_state(kind, tmp_path)
+  try:
+    before = _snapshot(db_path.parent)
+    assert sorted(before) == files
+    result = sql.execute(db_path, DIGEST)
+    assert _snapshot(db_path.parent) == before
+    assert sql.execute(db_path, 'SELECT x FROM t; ;; -- twice, and a failing one:').ok
+    assert 'no such table' in sql.execute(db_path, 'SELECT * FROM missing').error
+    assert _snapshot(db_path.parent) == before
+  finally:
+    db_path.parent.chmod(0o755)
+  assert result.ok, result.error
+  assert result.rows == (rows,) == _normal_read(db_path, DIGEST, tmp_path)
+  assert all(not any(pathlib.Path(w.scratch).iterdir()) for w in sql._idle_workers)  # the copies are gone
+
+
+def test_an_empty_file_is_an_empty_database_whatever_lies_beside_it(tmp_path):
+  db_path = _frozen_state('empty_db_hot_journal', tmp_path)
+  before = _snapshot(db_path.parent)
+  assert sorted(before) == ['db.sqlite', 'db.sqlite-journal']
+  result = sql.execute(db_path, 'SELECT count(*) FROM sqlite_master')
+  assert result.rows == ((0,),) == _normal_read(db_path, 'SELECT count(*) FROM sqlite_master', tmp_path)
+  assert _snapshot(db_path.parent) == before  # a normal open would have deleted the journal
+
+
+def test_a_copy_too_large_for_the_worker_is_refused_with_what_to_do(tmp_path, monkeypatch):
+  db_path = _frozen_state('wal_committed', tmp_path)
+  monkeypatch.setattr(sql, 'WORKER_FILE_BYTES', 1000)  # _open runs here, in this process
+  scratch = tmp_path / 'scratch'
+  with pytest.raises(OSError, match='private copy with its -wal.*wal_checkpoint'):
+    sql._open(str(db_path), str(scratch), time.monotonic() + 5, [])
+  assert not scratch.exists()
+
+
+@pytest.mark.parametrize('make, error', [
+    (lambda d: d, 'database is not a file'),
+    (lambda d: os.mkfifo(d / 'fifo.sqlite') or d / 'fifo.sqlite', 'database is not a file'),  # would block open()
+    (lambda d: (d / 'notes.sqlite').write_text('hello, not a database') and d / 'notes.sqlite', 'not a SQLite'),
+    (lambda d: (d / 'short.sqlite').write_bytes(b'SQLite') and d / 'short.sqlite', 'not a SQLite'),
+    (lambda d: d / 'missing' / 'db.sqlite', 'database not found'),
+    (lambda d: 'bad\0path', 'bad database path'),
+    (lambda d: None, 'bad database path'),
+])
+def test_bad_database_paths_are_clear_errors_and_change_nothing(tmp_path, make, error):
+  path = make(tmp_path)
+  before = _snapshot(tmp_path)
+  result = sql.execute(path, 'SELECT 1')
+  assert not result.ok and error in result.error, result.error
+  assert _snapshot(tmp_path) == before
+
+
+# ---- Text the model controls is an error result to it; arguments the caller controls are a ValueError. ----
+
+
+class _Text(str):
+  pass
+
+
+@pytest.mark.parametrize('query, expected', [
+    ('SELECT 1;;', ((1,),)),
+    ('SELECT 1; ;', ((1,),)),
+    ('SELECT 1 ;\n;\n-- done\n', ((1,),)),
+    ('SELECT 1 /* a */ ; /* b */ ; -- c', ((1,),)),
+    ("SELECT ';;' ;;", ((';;',),)),
+    ('SELECT 1 -- a trailing comment, no semicolon', ((1,),)),
+    (_Text('SELECT 1'), ((1,),)),                 # a str subclass (marshal refuses those)
+    (bytearray(b'SELECT 1;;'), ((1,),)),
+    (memoryview(b'SELECT 1'), ((1,),)),
+    ('SELECT 1;; SELECT 2', 'multiple statements'),
+    (';SELECT 1', 'multiple statements'),
+    (';;', 'empty query'),
+    ('SELECT 1; DROP TABLE orders;;', 'multiple statements'),
+    ('SELECT \ud800', 'lone surrogate U+D800'),
+    ("SELECT '\udfff' AS x", 'lone surrogate U+DFFF'),
+    ('SELECT 1 -- \ud83d in a comment', 'lone surrogate'),
+    ('SELECT "\udc80"', 'lone surrogate'),
+    (b"SELECT '\xed\xa0\x80'", 'not valid UTF-8'),  # a surrogate encoded as UTF-8 bytes
+    ("SELECT '\0'", 'NUL'),
+    (['SELECT 1'], 'must be a string'),
+    (3.5, 'must be a string'),
+])
+def test_query_text_edge_cases(db_path, query, expected):
+  result = sql.execute(db_path, query, timeout_s=TIMEOUT_S)
+  if isinstance(expected, tuple):
+    assert result.ok and result.rows == expected, result.error
+  else:
+    assert not result.ok and expected in result.error, result.error
+    assert 'internal error' not in result.error
+
+
+@pytest.mark.parametrize('arguments', [
+    dict(timeout_s=float('nan')), dict(timeout_s=float('inf')), dict(timeout_s=-float('inf')),
+    dict(timeout_s=-1), dict(timeout_s=0), dict(timeout_s=0.0), dict(timeout_s='2'), dict(timeout_s=None),
+    dict(timeout_s=True), dict(max_rows=0), dict(max_rows=-1), dict(max_rows=1.5), dict(max_rows=float('nan')),
+    dict(max_rows='10'), dict(max_rows=None), dict(max_rows=True), dict(max_cell_bytes=0),
+    dict(max_total_bytes=-5),
+])
+def test_bad_caller_arguments_raise_value_error_naming_them(db_path, arguments):
+  (name, _), = arguments.items()
+  with pytest.raises(ValueError, match=name):
+    sql.execute(db_path, 'SELECT 1', **arguments)
+
+
+def test_unusual_but_valid_caller_arguments(db_path):
+  assert sql.execute(db_path, 'SELECT 1', timeout_s=1e12).rows == ((1,),)  # poll waits in slices
+  assert sql.execute(db_path, 'SELECT 1', timeout_s=fractions.Fraction(1, 2), max_rows=numpy.int64(5)).ok

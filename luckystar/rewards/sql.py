@@ -13,8 +13,13 @@ decisions, in one place:
     `SELECT b, a` does not match `SELECT a, b` (the question asked for columns
     in an order, and permuting columns would make almost any pair match);
   * cells: None only equals None, strings, blobs and two integers compare
-    exactly (1000001 != 1000002), a float and a number numerically (3 == 3.0)
-    within rel 1e-6 / abs 1e-9, a number never equals a string ('3' != 3);
+    exactly (1000001 != 1000002), a number never equals a string ('3' != 3).
+    A float and a number compare by value (3 == 3.0) within a slack for
+    rounding only (`_numbers_equal`): 0.1 + 0.2 matches 0.3 and AVG matches
+    SUM / COUNT, but two numbers a whole unit or more apart never match
+    (12345670.0 != 12345678.0, 1000000 != 1000001.0), nor does AVG(x) 1000000.5
+    match the integer division SUM(x) / COUNT(x) 1000000. An infinity equals
+    only itself, NaN only NaN (SQLite returns NULL for NaN);
   * a truncated result never matches, whatever the other side: a prefix proves
     nothing about the rest. A truncated *gold* is unscorable (None), like a
     failing gold, so the caller counts it instead of rewarding 0.
@@ -25,6 +30,7 @@ unscorable for the rest of the run.
 """
 
 import collections
+import fractions
 import itertools
 import math
 import os
@@ -38,8 +44,9 @@ from sqlglot import exp
 from luckystar.rewards.function_call import has_perfect_matching
 from luckystar.tools import sql as sql_tool
 
-REL_TOL = 1e-6
-ABS_TOL = 1e-9
+REL_TOL = 1e-9      # rounding from summation order stays below ~n·2e-16 relative; this leaves a wide margin
+ABS_TOL = 1e-9      # for results that cancel to ~0 (0.1 + 0.2 - 0.3)
+MAX_TOL = 0.5       # the slack never reaches a unit, so no integer digit can differ; above 5e8 it binds
 GOLD_CACHE_SIZE = 4096   # curated golds render to ≤ 500 tokens, so entries are small
 
 _gold_cache: collections.OrderedDict = collections.OrderedDict()  # key → (SqlResult, ordered) | None
@@ -133,10 +140,29 @@ def _cells_equal(a, b) -> bool:
   if a is None or b is None:
     return a is None and b is None
   if _is_number(a) and _is_number(b):
-    if isinstance(a, int) and isinstance(b, int):
-      return a == b
-    return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL)
+    return _numbers_equal(a, b)
   return type(a) is type(b) and a == b
+
+
+def _numbers_equal(a, b) -> bool:
+  """Equal by value (int == float is exact in Python), else within min(max(ABS_TOL, REL_TOL·|larger|), MAX_TOL).
+
+  The slack is for rounding in float arithmetic, which is relative; capping it below one unit keeps
+  a relative slack from bridging integer digits at large magnitudes (where it would let AVG match integer
+  division). Beyond 2**53 floats are spaced ≥ 2 apart, so there only exact equality matches.
+  """
+  if a == b:
+    return True
+  if isinstance(a, int) and isinstance(b, int):
+    return False
+  if any(isinstance(x, float) and not math.isfinite(x) for x in (a, b)):
+    return a != a and b != b  # NaN matches NaN; an infinity matched only itself above
+  if any(isinstance(x, int) and abs(x) > 2**53 for x in (a, b)):
+    difference = abs(fractions.Fraction(a) - fractions.Fraction(b))  # a - b would round the int to a float first
+  else:
+    difference = abs(a - b)
+  scale = max(abs(a), abs(b))
+  return difference <= (MAX_TOL if scale >= MAX_TOL / REL_TOL else max(ABS_TOL, REL_TOL * scale))
 
 
 def _rows_equal(a: tuple, b: tuple) -> bool:
@@ -144,12 +170,20 @@ def _rows_equal(a: tuple, b: tuple) -> bool:
 
 
 def _cell_key(value) -> tuple:
-  """Orders cells of mixed types: None, numbers by exact value, strings, blobs. Equal keys iff equal non-floats."""
+  """Orders cells of mixed types: None, numbers by exact value (NaN last), strings, blobs, anything else.
+
+  Two cells that involve no float have equal keys iff `_cells_equal`; equal numbers have equal keys when they
+  are equal by value (3 and 3.0), while ones equal only within the slack may not, which `_same_multiset` handles.
+  """
   if value is None:
     return (0,)
   if _is_number(value):
-    return (1, 0.0 if value != value else value)  # NaN equals nothing; any fixed key keeps the sort defined
-  return (2, value) if isinstance(value, str) else (3, bytes(value))
+    return (1, 1) if value != value else (1, 0, value)
+  if isinstance(value, str):
+    return (2, value)
+  if isinstance(value, bytes):
+    return (3, value)
+  return (4, type(value).__qualname__, repr(value))  # not from SQLite (bool, ...): compared by type and value
 
 
 def _row_key(row: tuple) -> tuple:
@@ -160,8 +194,8 @@ def _same_multiset(predicted_rows: tuple, gold_rows: tuple) -> bool:
   """Whether the rows pair one-to-one into equal rows (`_rows_equal`), in any order; the row counts are equal.
 
   Without floats every cell compares exactly, an equivalence, so rows sorted by exact value pair up position by
-  position or not at all. Floats within tolerance can sort apart (-4e-10 vs 4e-10) or chain (1.0000008 fits 1.0
-  and 1.0000015, which do not fit each other), so with a float present a failed sorted pairing is rechecked
+  position or not at all. Floats within tolerance can sort apart (-4e-10 vs 4e-10) or chain (1 + 8e-10 fits 1
+  and 1 + 1.5e-9, which do not fit each other), so with a float present a failed sorted pairing is rechecked
   exactly: rows are grouped by their cells in float-free columns (exact there) and by which cells of the other
   columns are numbers; each group needs as many predicted as gold rows and a perfect bipartite matching. Work
   is quadratic in a group's rows plus the matching's augmenting paths; `is_correct` results hold ≤ 200 rows.

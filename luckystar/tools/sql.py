@@ -1,13 +1,21 @@
 """The SQL tool: runs one untrusted, read-only query against a SQLite database.
 
 The query comes from a policy that RL pushes to exploit every hole, so
-`execute` never raises and each guard below holds without the others:
+`execute` never raises on it and each guard below holds without the others:
 
-  1. text checks (here): a str or UTF-8 bytes of at most MAX_SQL_CHARS, no NUL,
-     exactly one statement (sqlglot's tokenizer, so a `;` inside a string,
-     identifier or comment does not count; a trailing `;` is fine), starting
-     with SELECT, WITH or VALUES;
-  2. the file is opened `mode=ro` (a missing file is an error, never created),
+  1. text checks (here): a str or UTF-8 bytes of at most MAX_SQL_CHARS, no NUL
+     or lone surrogate, exactly one statement (sqlglot's tokenizer, so a `;`
+     inside a string, identifier or comment does not count; trailing `;`s and
+     comments are fine and are cut before SQLite sees the text), starting with
+     SELECT, WITH or VALUES;
+  2. the database is read without writing a byte beside it (a missing file is
+     an error, never created), yet returns what a normal read would (`_open`):
+     a rollback-journal database opens `mode=ro`; a WAL database whose content
+     is all in its file opens `immutable=1` (`mode=ro` would create -wal and
+     -shm); one with a non-empty -wal or -journal beside it (committed frames to
+     read, or a hot journal to roll back) is copied with it into the worker's
+     private directory and read there, because in place `immutable=1` returns
+     stale or torn rows and `mode=ro` writes the -shm or fails. Then
      `PRAGMA query_only=ON`, load_extension off, SQLITE_LIMIT_ATTACHED 0;
   3. an authorizer that allows only SELECT, READ, RECURSIVE and FUNCTION
      (minus DENIED_FUNCTIONS): every write, ATTACH/DETACH (VACUUM INTO attaches
@@ -29,6 +37,11 @@ The query comes from a policy that RL pushes to exploit every hole, so
      IPC; a cold worker needs ~0.1 s to start, which counts against the
      call's timeout (a worker not started in time is kept for the next call).
 
+A bad timeout_s or cap is the caller's bug, not the model's, so it raises
+ValueError at once; everything about the query text or the database is an
+`ok=False` result with a readable `error`. Databases are assumed not to be
+written while they are read (the copy of a -wal or -journal is not atomic).
+
 Cells keep SQLite's Python types: int, float, str, None, and bytes for BLOBs
 (bytes, not hex text, so a BLOB never equals a TEXT that spells its hex;
 format_result renders them as x'..'). Invalid UTF-8 in TEXT decodes with
@@ -40,13 +53,18 @@ Needs a POSIX system (poll on pipes, the resource module).
 import atexit
 import dataclasses
 import marshal
+import math
+import numbers
 import os
 import pathlib
 import select
+import shutil
 import sqlite3
+import stat
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -111,16 +129,29 @@ class SqlResult:
 
 def execute(db_path: str | os.PathLike, sql: Any, *, timeout_s: float = 2.0, max_rows: int = 200,
             max_cell_bytes: int = 2_000, max_total_bytes: int = 200_000) -> SqlResult:
-  """Runs one read-only query in a sandbox; never raises: a failure is `ok=False` with a readable `error`.
+  """Runs one read-only query in a sandbox: a failure is `ok=False` with a readable `error`, whatever `sql` is.
 
-  Returns within about timeout_s + KILL_GRACE_S, whatever the query.
+  Returns within about timeout_s + KILL_GRACE_S, whatever the query. Raises ValueError only for the caller's
+  own arguments: timeout_s must be a positive finite number, the caps positive integers.
   """
+  timeout_s, caps = _checked_arguments(timeout_s, max_rows=max_rows, max_cell_bytes=max_cell_bytes,
+                                       max_total_bytes=max_total_bytes)
   start = time.monotonic()
   try:
-    result = _execute(db_path, sql, start + timeout_s, timeout_s, max_rows, max_cell_bytes, max_total_bytes)
+    result = _execute(db_path, sql, start + timeout_s, timeout_s, *caps)
   except Exception as e:  # pylint: disable=broad-except  # the contract: a result, never an exception
     result = SqlResult(ok=False, error=f'internal error: {type(e).__name__}: {e}')
   return dataclasses.replace(result, elapsed_s=time.monotonic() - start)
+
+
+def _checked_arguments(timeout_s, **caps) -> tuple[float, tuple[int, ...]]:
+  """(timeout_s, caps) as float and ints, or ValueError naming the bad one (NaN fails every comparison)."""
+  if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
+    raise ValueError(f'timeout_s must be a positive finite number of seconds, got {timeout_s!r}')
+  for name, value in caps.items():
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+      raise ValueError(f'{name} must be a positive integer, got {value!r}')
+  return float(timeout_s), tuple(int(value) for value in caps.values())
 
 
 def schema(db_path: str | os.PathLike) -> str:
@@ -178,15 +209,25 @@ def _execute(db_path, sql, deadline, timeout_s, max_rows, max_cell_bytes, max_to
     path = pathlib.Path(os.fsdecode(db_path)).resolve()
   except (TypeError, ValueError, OSError) as e:
     return SqlResult(ok=False, error=f'bad database path {db_path!r}: {e}')
-  if not path.is_file():
+  try:
+    mode = path.stat().st_mode
+  except (FileNotFoundError, NotADirectoryError):
     return SqlResult(ok=False, error=f'database not found: {path}')
-  request = (str(path), text, float(timeout_s), int(max_rows), int(max_cell_bytes), int(max_total_bytes))
+  except OSError as e:
+    return SqlResult(ok=False, error=f'cannot open database {path}: {e}')
+  if not stat.S_ISREG(mode):
+    return SqlResult(ok=False, error=f'database is not a file: {path}')
   worker = _checkout_worker()
+  request = (str(path), worker.scratch, text, timeout_s, max_rows, max_cell_bytes, max_total_bytes)
   try:
     if not worker.wait_until_ready(deadline + KILL_GRACE_S):
       _return_worker(worker)  # only slow to start (a loaded machine): the next call gets it ready
       return SqlResult(ok=False, error=f'timeout: the sandbox process did not start within {timeout_s:g} s')
     reply = worker.ask(request, deadline, deadline + KILL_GRACE_S)
+  except _WorkerDied:
+    worker.kill()
+    _return_worker(_Worker())
+    return SqlResult(ok=False, error='sandbox error: the query process died (crashed or was killed); try again')
   except Exception:
     worker.kill()
     raise
@@ -203,39 +244,59 @@ def _check_text(sql: Any) -> tuple[str, str | None]:
   """(query text, None), or ('', why it is refused before SQLite sees it)."""
   import sqlglot  # pylint: disable=import-outside-toplevel  # workers run without site-packages
   if isinstance(sql, (bytes, bytearray, memoryview)):
-    if len(sql) > 4 * MAX_SQL_CHARS:
-      return '', f'query too long: {len(sql)} bytes (at most {MAX_SQL_CHARS} characters)'
+    size = memoryview(sql).nbytes
+    if size > 4 * MAX_SQL_CHARS:
+      return '', f'query too long: {size} bytes (at most {MAX_SQL_CHARS} characters)'
     try:
       sql = bytes(sql).decode('utf-8')
     except UnicodeDecodeError as e:
       return '', f'query is not valid UTF-8: {e}'
   if not isinstance(sql, str):
     return '', f'query must be a string, got {type(sql).__name__}'
+  sql = str(sql)  # a str subclass would not marshal to the worker
   if len(sql) > MAX_SQL_CHARS:
     return '', f'query too long: {len(sql)} characters (at most {MAX_SQL_CHARS})'
   if '\0' in sql:
     return '', 'query contains a NUL character'
   try:
+    sql.encode('utf-8')
+  except UnicodeEncodeError as e:  # SQLite takes UTF-8, which cannot carry a lone surrogate
+    return '', f'query is not valid Unicode: lone surrogate U+{ord(sql[e.start]):04X} at character {e.start}'
+  try:
     tokens = sqlglot.tokenize(sql, read='sqlite')
-  except (sqlglot.errors.SqlglotError, RecursionError, ValueError) as e:
+  except Exception as e:  # pylint: disable=broad-except  # any tokenizer failure is the query's
     return '', f'syntax error: cannot tokenize the query (unterminated string, identifier or comment?): {e}'
-  while tokens and tokens[-1].token_type == sqlglot.TokenType.SEMICOLON:
-    tokens.pop()
-  if not tokens:
+  statement_end = len(tokens)
+  while statement_end and tokens[statement_end - 1].token_type == sqlglot.TokenType.SEMICOLON:
+    statement_end -= 1
+  if not statement_end:
     return '', 'empty query: send one SELECT query'
-  if any(t.token_type == sqlglot.TokenType.SEMICOLON for t in tokens):
+  if any(t.token_type == sqlglot.TokenType.SEMICOLON for t in tokens[:statement_end]):
     return '', 'multiple statements: send exactly one SELECT query'
   first = tokens[0].text.upper()
   if first not in ALLOWED_FIRST_KEYWORDS:
     reason = _FIRST_KEYWORD_REASONS.get(first, f'statement {first[:30]!r}')
     return '', f'not allowed: {reason}; only read-only SELECT / WITH / VALUES queries may run'
+  if statement_end < len(tokens) and sql[tokens[statement_end].start] == ';':
+    # Python's sqlite3 refuses text after the statement other than one `;`, whitespace and comments
+    # (`SELECT 1;;`); what follows the first trailing `;` is only more of those, so it is cut.
+    sql = sql[:tokens[statement_end].start]
   return sql, None
 
 
+class _WorkerDied(RuntimeError):
+  pass
+
+
 class _Worker:
-  """One sandbox process, used by one call at a time; frames are 8-byte length + marshal."""
+  """One sandbox process, used by one call at a time; frames are 8-byte length + marshal.
+
+  `scratch` is its private directory for database copies (`_open`); killing the worker removes it, so a copy
+  cut short by the kill does not stay behind.
+  """
 
   def __init__(self):
+    self.scratch = tempfile.mkdtemp(prefix='luckystar-sql-')
     self.process = subprocess.Popen(
         [sys.executable, '-I', '-S', str(pathlib.Path(__file__).resolve()), '--serve'],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
@@ -266,16 +327,17 @@ class _Worker:
     self.process.wait()
     self.process.stdin.close()
     self.process.stdout.close()
+    shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def _wait_for(fd: int, event: int, deadline: float) -> bool:
   """Whether fd became ready for event (select.POLLIN / POLLOUT) before the deadline; poll takes any fd number."""
-  left = deadline - time.monotonic()
-  if left <= 0:
-    return False
   poller = select.poll()
   poller.register(fd, event)
-  return bool(poller.poll(left * 1000))
+  while (left := deadline - time.monotonic()) > 0:
+    if poller.poll(min(left, 3600) * 1000):  # in slices: poll's millisecond count overflows past ~24 days
+      return True
+  return False
 
 
 def _read_exactly(fd: int, size: int, deadline: float) -> bytes | None:
@@ -285,7 +347,7 @@ def _read_exactly(fd: int, size: int, deadline: float) -> bytes | None:
       return None
     chunk = os.read(fd, size - received)
     if not chunk:
-      raise RuntimeError('the SQL sandbox worker exited unexpectedly')
+      raise _WorkerDied('the SQL sandbox worker exited unexpectedly')
     chunks.append(chunk)
     received += len(chunk)
   return b''.join(chunks)
@@ -351,20 +413,32 @@ def _serve():
     request = stdin.read(struct.unpack('>Q', header)[0])
     try:
       reply = marshal.dumps(_run(*marshal.loads(request)))
+    except MemoryError:  # RLIMIT_AS reached while Python held the rows
+      reply = marshal.dumps((False, (), (), False, f'out of memory: the query needs more than '
+                             f'{WORKER_MEMORY_BYTES >> 20} MiB'))
     except BaseException as e:  # pylint: disable=broad-except  # one bad request must not end the worker
       reply = marshal.dumps((False, (), (), False, f'internal error: {type(e).__name__}: {e}'))
     stdout.write(struct.pack('>Q', len(reply)) + reply)
     stdout.flush()
 
 
-def _run(seconds_left: float, path: str, text: str, timeout_s: float, max_rows: int, max_cell_bytes: int,
-         max_total_bytes: int):
+def _run(seconds_left: float, path: str, scratch: str, text: str, timeout_s: float, max_rows: int,
+         max_cell_bytes: int, max_total_bytes: int):
   """(ok, columns, rows, truncated, error) of one query, under guards 2-4."""
+  try:
+    return _run_in(seconds_left, path, scratch, text, timeout_s, max_rows, max_cell_bytes, max_total_bytes)
+  finally:
+    if os.path.isdir(scratch):
+      for name in os.listdir(scratch):  # a private copy lives for one query
+        os.unlink(os.path.join(scratch, name))
+
+
+def _run_in(seconds_left, path, scratch, text, timeout_s, max_rows, max_cell_bytes, max_total_bytes):
   deadline = time.monotonic() + seconds_left
   denials = []  # the authorizer's reasons, for the error message
   try:
-    conn = _connect(path, deadline, denials)
-  except sqlite3.Error as e:
+    conn = _open(path, scratch, deadline, denials)
+  except (sqlite3.Error, OSError) as e:
     return False, (), (), False, f'cannot open database {path}: {e}'
   timeout = f'timeout: the query ran longer than {timeout_s:g} s'
   try:
@@ -388,9 +462,57 @@ def _run(seconds_left: float, path: str, text: str, timeout_s: float, max_rows: 
     conn.close()
 
 
-def _connect(path: str, deadline: float, denials: list) -> sqlite3.Connection:
-  """A connection that can only read `path` and stops at `deadline` (guards 2-4 of the module doc)."""
-  uri = f'file:{urllib.parse.quote(path)}?mode=ro'
+class _CannotOpen(OSError):
+  pass
+
+
+def _open(path: str, scratch: str, deadline: float, denials: list) -> sqlite3.Connection:
+  """`_connect` on `path`, or on a private copy, so that the rows are a normal read's and nothing is written
+  beside `path` (guard 2 of the module doc)."""
+  with open(path, 'rb') as file:
+    header = file.read(100)
+  if not header:  # an empty database: a normal open reads nothing more (it deletes any -wal or -journal)
+    return _connect(path, deadline, denials, immutable=True)
+  if not header.startswith(b'SQLite format 3\0'):
+    raise _CannotOpen('file is not a SQLite database')
+  pending = [suffix for suffix in ('-wal', '-journal') if _starts_with_nonzero_byte(path + suffix)]
+  if not pending:
+    # File format versions at bytes 18-19: 2 is WAL. mode=ro on a WAL database, or beside any -wal file,
+    # creates the -shm (and the -wal); with nothing to replay, the file alone is what a normal read sees.
+    return _connect(path, deadline, denials, immutable=2 in header[18:20] or os.path.exists(path + '-wal'))
+  size = sum(os.stat(path + suffix).st_size for suffix in ('', *pending))
+  if size > WORKER_FILE_BYTES:
+    raise _CannotOpen(f'it must be read from a private copy with its {" and ".join(pending)}, but they are '
+                      f'{size} bytes (at most {WORKER_FILE_BYTES}); open it once with write access to fold '
+                      f'them in (sqlite3 {path} "PRAGMA wal_checkpoint(TRUNCATE)")')
+  os.makedirs(scratch, mode=0o700, exist_ok=True)  # the parent made it; a temp-directory cleaner may not wait
+  copy = os.path.join(scratch, 'db.sqlite')
+  for suffix in ('', *pending):
+    shutil.copyfile(path + suffix, copy + suffix)
+  recovery = sqlite3.connect(copy, isolation_level=None)  # no query of the model's: replays the WAL frames or
+  try:                                                      # rolls back the hot journal, as a normal read would
+    recovery.execute('SELECT count(*) FROM sqlite_master').fetchall()
+  finally:
+    recovery.close()
+  return _connect(copy, deadline, denials)
+
+
+def _starts_with_nonzero_byte(path: str) -> bool:
+  """Whether a -wal or -journal holds anything SQLite would read: absent, empty or zeroed ones (journal_mode
+  TRUNCATE or PERSIST after a commit) do not, a WAL starts with its magic and a hot journal with its own."""
+  try:
+    with open(path, 'rb') as file:
+      return file.read(1) not in (b'', b'\0')
+  except FileNotFoundError:
+    return False
+
+
+def _connect(path: str, deadline: float, denials: list, *, immutable: bool = False) -> sqlite3.Connection:
+  """A connection that can only read `path` and stops at `deadline` (guards 2-4 of the module doc).
+
+  immutable=True ignores locks and any -wal or -journal: right only where `_open` has found none to read.
+  """
+  uri = f'file:{urllib.parse.quote(path)}?mode=ro{"&immutable=1" if immutable else ""}'
   conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
   try:
     if hasattr(conn, 'enable_load_extension'):

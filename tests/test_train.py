@@ -3,6 +3,7 @@ updates are skipped and counted, checkpoints restore exactly or fail naming the 
 
 import gc
 import json
+import re
 
 import grain
 import jax
@@ -162,13 +163,11 @@ def test_checkpoint_restores_state_and_data_position(tmp_path, mesh):
   assert _restore(tmp_path / 'elsewhere', fresh, _iterator()) is None
 
 
-# orbax's failed restore leaves a tensorstore callback for its (closed) asyncio loop; harmless, and
-# collected (gc.collect below) inside this test so the warning stays here.
-@pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
 def test_incompatible_or_corrupt_checkpoint_names_its_path(tmp_path, mesh):
   optimizer = optim.make(_config())
   _save(tmp_path, toy_state(optimizer, mesh), _iterator())
   step_dir = tmp_path / 'checkpoints' / '0'
+  assert (step_dir / 'checksums.process_0.json').is_file()
 
   wider = {'w': jnp.zeros(FEATURES + 1)}
   other = toy_state(optimizer, mesh).replace(params=wider, opt_state=optimizer.init(wider))
@@ -178,9 +177,14 @@ def test_incompatible_or_corrupt_checkpoint_names_its_path(tmp_path, mesh):
   for data_file in (step_dir / 'state').rglob('*'):
     if data_file.is_file() and data_file.name != '_METADATA':
       data_file.write_bytes(b'garbage')
-  with pytest.raises(checkpoint.CheckpointError, match=str(step_dir)):
+  with pytest.raises(checkpoint.CheckpointError, match=f'^{re.escape(str(step_dir))}/state/.*size differs.*step 0 is corrupt'):
     _restore(tmp_path, toy_state(optimizer, mesh), _iterator())
-  gc.collect()
+  # A checkpoint saved before checksums existed: orbax's own failure, in one line naming the step.
+  (step_dir / 'checksums.process_0.json').unlink()
+  with pytest.raises(checkpoint.CheckpointError, match=f'^{re.escape(str(step_dir))}: orbax cannot read this checkpoint') as error:
+    _restore(tmp_path, toy_state(optimizer, mesh), _iterator())
+  assert '\n' not in str(error.value) and len(str(error.value)) < 600
+  gc.collect()   # callbacks of the failed restore into its closed asyncio loop run here, if any, and are dropped
 
 
 def test_metrics_resume_drops_rows_after_the_restored_step_and_plots(tmp_path):

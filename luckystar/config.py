@@ -3,7 +3,9 @@
 import importlib
 import importlib.util
 import json
+import math
 import pathlib
+import traceback
 
 import jax
 import ml_collections
@@ -29,6 +31,57 @@ def stage_module(stage: str):
 RESUME_MAY_CHANGE = ('total_steps', 'log_every', 'eval_every', 'checkpoint_every', 'keep_checkpoints',
                      'grad_accum_steps', 'mesh', 'distributed')
 
+# Keys with a known domain, checked by `check` before a stage runs. A rule covers every key whose last part is
+# its name, at any depth: `batch_size` also covers `dpo.task_eval.batch_size` and a pipeline stage's own keys.
+# 0 is allowed where it means "off" or "only at the end" (eval_every=0, per_task_language=0, top_k=0).
+DOMAINS = {
+    'an integer ≥ 1': ('total_steps', 'batch_size', 'grad_accum_steps', 'keep_checkpoints', 'max_new_tokens',
+                       'seq_len', 'samples_per_prompt', 'selection_samples', 'updates_per_batch', 'max_prompt_tokens',
+                       'length_multiple', 'selection_batch', 'eval_batch_size', 'sampling_batch',
+                       'reference_batch_size', 'bits', 'initialization_timeout_s'),
+    'an integer ≥ 0': ('seed', 'warmup_steps', 'log_every', 'eval_every', 'checkpoint_every', 'top_k',
+                       'max_tool_turns', 'max_tool_result_tokens', 'eval_examples_per_source', 'per_task_language',
+                       'per_suite_language', 'max_prompts', 'eval_prompts', 'eval_samples', 'pass_k_samples',
+                       'pass_k_problems', 'bfcl_per_category', 'champ_problems', 'group_size', 'pair_prompts',
+                       'pairs_per_prompt', 'verbose_min_extra', 'math_max_difficulty'),
+    'a number ≥ 0': ('learning_rate', 'weight_decay', 'temperature', 'pass_k_temperature', 'kl_beta',
+                     'clip_epsilon', 'sft_weight', 'anchor_weight'),
+    'a number > 0': ('max_grad_norm', 'beta'),
+    'a number in [0, 1)': ('b1', 'b2'),
+    'a number in [0, 0.5)': ('label_smoothing',),
+    'a number in (0, 1]': ('top_p',),
+}
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+_IN_DOMAIN = {
+    'an integer ≥ 1': lambda v: _is_int(v) and v >= 1,
+    'an integer ≥ 0': lambda v: _is_int(v) and v >= 0,
+    'a number ≥ 0': lambda v: _is_number(v) and v >= 0,
+    'a number > 0': lambda v: _is_number(v) and v > 0,
+    'a number in [0, 1)': lambda v: _is_number(v) and 0 <= v < 1,
+    'a number in [0, 0.5)': lambda v: _is_number(v) and 0 <= v < 0.5,
+    'a number in (0, 1]': lambda v: _is_number(v) and 0 < v <= 1,
+}
+_DOMAIN_OF = {name: domain for domain, names in DOMAINS.items() for name in names}
+
+
+def check(config: ml_collections.ConfigDict) -> None:
+  """A UserError naming each key whose value lies outside its DOMAINS entry (`config.batch_size=0 is not an
+  integer ≥ 1`), before anything is created, read or trained."""
+  problems = [f'config.{key}={value!r} is not {_DOMAIN_OF[leaf]}'
+              for key, value in flatten(config.to_dict()).items()
+              if (leaf := key.rsplit('.', 1)[-1]) in _DOMAIN_OF and not _IN_DOMAIN[_DOMAIN_OF[leaf]](value)]
+  if problems:
+    raise errors.UserError('; '.join(problems))
+
 
 def save(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> None:
   """workdir/config.json: the config a stage runs with (main and the pipeline call this on every process;
@@ -37,7 +90,7 @@ def save(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> None
   path = pathlib.Path(workdir) / 'config.json'
   text = config.to_json_best_effort(indent=2) + '\n'
   if path.is_file() and checkpoint.latest_step(workdir) is not None:
-    saved, new = flatten(json.loads(path.read_text())), flatten(json.loads(text))
+    saved, new = flatten(_saved_config(path)), flatten(json.loads(text))
     if differ := sorted(key for key in saved.keys() | new.keys() if saved.get(key, '<absent>') != new.get(
         key, '<absent>') and key.split('.')[0] not in RESUME_MAY_CHANGE):
       raise errors.UserError(f'{workdir} holds checkpoints of a run with another config ({", ".join(differ[:6])} differ: '
@@ -45,7 +98,24 @@ def save(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> None
                              f'only {", ".join(RESUME_MAY_CHANGE)} may change. Use a new --workdir, or delete {path.parent} '
                              f'to start over')
   if jax.process_index() == 0:
-    artifacts.write_atomically(path, text)
+    try:
+      artifacts.write_atomically(path, text)
+    except OSError as e:
+      raise errors.UserError(f'cannot write {path} ({e.strerror}); use a --workdir this user can write to') from None
+
+
+def _saved_config(path: pathlib.Path) -> dict:
+  """The config.json of a run with checkpoints, or a UserError: without it a re-run cannot be checked."""
+  try:
+    saved = json.loads(path.read_text())
+  except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+    saved = e
+  if not isinstance(saved, dict):
+    reason = f'not valid JSON: {saved}' if isinstance(saved, ValueError) else 'not a JSON object'
+    raise errors.UserError(f'{path}: {reason}; it is the config of the run whose checkpoints are in '
+                           f'{checkpoint.directory(path.parent)}, which a re-run must match. Restore it, delete it to '
+                           f'resume under the new config unchecked, or use a new --workdir')
+  return saved
 
 
 def flatten(tree: dict, prefix: str = '') -> dict:
@@ -92,8 +162,28 @@ def base(stage: str) -> ml_collections.ConfigDict:
 
 def from_file(path: str | pathlib.Path, arg: str | None = None) -> ml_collections.ConfigDict:
   """`get_config(arg)` of a config file such as configs/rlvr.py, as `--config=path[:arg]` loads it;
-  for scripts that build a stage's config in process (benchmarks)."""
-  spec = importlib.util.spec_from_file_location(pathlib.Path(path).stem + '_config', path)
+  for scripts that build a stage's config in process (benchmarks). A missing file, a syntax error or an
+  exception raised in the file (an unknown variant) is a UserError naming file:line."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise errors.UserError(f'{path}: no such config file' + (' (it is a directory)' if path.is_dir() else ''))
+  spec = importlib.util.spec_from_file_location(path.stem + '_config', path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  try:
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, 'get_config', None)):
+      raise errors.UserError(f'{path}: defines no get_config(arg); a config file returns its ConfigDict from one')
+    config = module.get_config(arg)
+  except errors.UserError:
+    raise
+  except SyntaxError as e:
+    raise errors.UserError(f'{e.filename}:{e.lineno}: syntax error in the config file: {e.msg}') from None
+  except Exception as e:  # the file's own code failed: say where in it, without a traceback
+    line = next((f'{path}:{frame.lineno}' for frame in reversed(traceback.extract_tb(e.__traceback__))
+                 if pathlib.Path(frame.filename).resolve() == path.resolve()), str(path))
+    # A ValueError is how a config file rejects its argument (an unknown variant); its message says it all.
+    message = str(e) if type(e) is ValueError else f'{type(e).__name__}: {e}'
+    raise errors.UserError(f'{line}: {" ".join(message.split())}') from None
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise errors.UserError(f'{path}: get_config({arg!r}) returned {type(config).__name__}, not a ConfigDict')
+  return config

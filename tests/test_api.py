@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import luckystar
+from luckystar import errors
 from luckystar import tokenizer as tokenizer_lib
 
 transformers = pytest.importorskip('transformers')
@@ -50,12 +51,16 @@ def test_logits_reject_bad_ids(hf_dir):
 
 @pytest.mark.fast
 def test_load_errors_name_the_path(tmp_path):
-  with pytest.raises(FileNotFoundError, match='no-such-dir'):
+  """UserErrors (one line, main prints them without a traceback) that are still the FileNotFoundError and
+  ValueError callers caught before; tests/test_bad_input.py has the broken directories."""
+  with pytest.raises(FileNotFoundError, match='no-such-dir') as raised:
     luckystar.load(tmp_path / 'no-such-dir')
-  with pytest.raises(ValueError, match='not a model directory'):
+  assert isinstance(raised.value, errors.UserError)
+  with pytest.raises(ValueError, match='not a model directory') as raised:
     luckystar.load(tmp_path)
+  assert isinstance(raised.value, errors.UserError)
   (tmp_path / 'config.json').write_text('{"model_type": "llama"}')
-  with pytest.raises(ValueError, match='not a model directory'):
+  with pytest.raises(errors.UserError, match="not a model directory .*; its config.json has model_type 'llama'"):
     luckystar.load(tmp_path)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from luckystar import config as config_lib
+from luckystar import errors
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations, nl2sql, sources, suites
 from luckystar.data.examples import rs_only
@@ -120,5 +121,5 @@ def test_the_pipeline_reads_only_earlier_stages_and_names_registered_data():
   assert [stages[n].sft.data for n in ('copy', 'student_copy', 'student_named', 'student_schema')] == [
       'copy', 'copy', 'copy_named', 'copy_schema']
   assert set(stages.sft.sft.mixture) == {'reasoning', 'concise', 'rs', 'copy_schema'}
-  with pytest.raises(ValueError, match='cold_start_pipeline.py:fancy'):
+  with pytest.raises(errors.UserError, match='cold_start_pipeline.py:fancy'):
     config_lib.from_file(PIPELINE, 'fancy')

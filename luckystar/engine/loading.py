@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from luckystar import errors
 from luckystar import model as model_lib
 from luckystar import quant
 from luckystar import sampling
@@ -157,6 +158,14 @@ def _dir_tokenizer(path: pathlib.Path) -> tokenizer_lib.Tokenizer | None:
     return None  # some other model's sentencepiece file (e.g. without our chat tokens)
 
 
+def _model_type_note(path: pathlib.Path) -> str:
+  """Why a directory with a config.json is not a transformers directory we read, if that is why."""
+  if not (path / 'config.json').is_file():
+    return ''
+  return (f'; its config.json has model_type {hf.read_json_object(path / "config.json").get("model_type")!r}, '
+          f'not one of {hf.MODEL_TYPES}')
+
+
 def load(name_or_path: str | pathlib.Path, **config_overrides: Any) -> Model:
   """A bundled model name (`tiny-sft`, ...), a luckystar run/checkpoint directory (its latest
   checkpoint's params), or a transformers Cohere2/Cohere directory, float or int4 (compressed-tensors
@@ -164,20 +173,26 @@ def load(name_or_path: str | pathlib.Path, **config_overrides: Any) -> Model:
 
   `config_overrides` replace ModelConfig fields, e.g. `param_dtype='bfloat16', dtype='bfloat16'`;
   params are cast to the resulting `param_dtype`.
+
+  A path that does not exist is an `errors.MissingFile`; one that exists but cannot be read as a model (a
+  malformed config.json or index, a truncated or non-safetensors weight file, tensors that disagree with
+  config.json) is an `errors.InvalidFile` naming the file and the fault, raised before any tensor data is
+  read where the headers tell. Both are `errors.UserError`s (and a FileNotFoundError / ValueError).
   """
   path = pathlib.Path(name_or_path)
   if str(name_or_path) in BUNDLED_MODELS:
     path = BUNDLED_DIR / str(name_or_path)
   if not path.exists():
-    raise FileNotFoundError(f'{path}: no such bundled model or directory; bundled models: {BUNDLED_MODELS}')
+    raise errors.MissingFile(f'{path}: no such bundled model or directory; bundled models: {BUNDLED_MODELS}')
   if checkpoint.is_run_dir(path):
     config, params = checkpoint.load_params(path)
     config, tokenizer = config.replace(**config_overrides), tokenizer_lib.default()
   elif hf.is_hf_dir(path):
     (config, params), tokenizer = hf.load_hf(path, **config_overrides), _dir_tokenizer(path)
   else:
-    raise ValueError(f'{path}: not a model directory luckystar can read (expected a transformers '
-                     f'Cohere2/Cohere directory with config.json and safetensors, or a luckystar run directory)')
+    raise errors.InvalidFile(f'{path}: not a model directory luckystar can read (expected a transformers '
+                             f'Cohere2/Cohere directory with config.json and safetensors, or a luckystar run '
+                             f'directory){_model_type_note(path)}')
   # Int4 checkpoints keep their int values and scales as they are; everything else is param_dtype.
   params = quant.cast_float_params(params, config.param_dtype)
   return Model(config, params, tokenizer)

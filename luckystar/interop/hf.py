@@ -9,17 +9,20 @@ in mode 'serve', see luckystar/quant) maps each Linear to compressed-tensors'
 """
 
 import json
+import math
 import os
 import pathlib
 import shutil
 import tempfile
-from typing import Any
+from typing import Any, Mapping, NamedTuple
 
 import jax
 import numpy as np
+import safetensors
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from luckystar import errors
 from luckystar.interop import hf_tokenizer
 from luckystar.model.config import FULL, SLIDING, ModelConfig, pattern_layer_types
 from luckystar.quant import compressed
@@ -31,42 +34,122 @@ MODEL_TYPES = ('cohere2', 'cohere')
 # must mean what it means to transformers, or the same file gives other logits.
 HF_DEFAULTS = {'logit_scale': 0.0625, 'sliding_window': 4096}
 _PACKED_SUFFIXES = ('weight_packed', 'weight_scale', 'weight_shape')  # compressed-tensors, per quantized Linear
+INDEX_FILE = 'model.safetensors.index.json'
 
-# (HF name inside `model.layers.{i}.`, our path inside the layer, kind) — kind says how to reshape.
+# Sizes of HF tensor dimensions, by the config.json names that set them (the error for a shape that
+# disagrees with config.json names them).
+_Q, _KV = 'num_attention_heads·head_dim', 'num_key_value_heads·head_dim'
+_SIZES = {'vocab_size': lambda c: c.vocab_size, 'hidden_size': lambda c: c.hidden_size,
+          'intermediate_size': lambda c: c.intermediate_size, 'num_attention_heads': lambda c: c.num_heads,
+          'num_key_value_heads': lambda c: c.num_kv_heads, 'head_dim': lambda c: c.head_dim,
+          _Q: lambda c: c.num_heads * c.head_dim, _KV: lambda c: c.num_kv_heads * c.head_dim}
+
+# (HF name inside `model.layers.{i}.`, our path inside the layer, kind, HF shape) — kind says how to reshape.
 _LAYER_TENSORS = (
-    ('input_layernorm.weight', ('input_layernorm', 'weight'), 'vector'),
-    ('self_attn.q_proj.weight', ('self_attn', 'q_proj', 'kernel'), 'in_proj'),
-    ('self_attn.k_proj.weight', ('self_attn', 'k_proj', 'kernel'), 'in_proj'),
-    ('self_attn.v_proj.weight', ('self_attn', 'v_proj', 'kernel'), 'in_proj'),
-    ('self_attn.o_proj.weight', ('self_attn', 'o_proj', 'kernel'), 'out_proj'),
-    ('mlp.gate_proj.weight', ('mlp', 'gate_proj', 'kernel'), 'linear'),
-    ('mlp.up_proj.weight', ('mlp', 'up_proj', 'kernel'), 'linear'),
-    ('mlp.down_proj.weight', ('mlp', 'down_proj', 'kernel'), 'linear'),
+    ('input_layernorm.weight', ('input_layernorm', 'weight'), 'vector', ('hidden_size',)),
+    ('self_attn.q_proj.weight', ('self_attn', 'q_proj', 'kernel'), 'in_proj', (_Q, 'hidden_size')),
+    ('self_attn.k_proj.weight', ('self_attn', 'k_proj', 'kernel'), 'in_proj', (_KV, 'hidden_size')),
+    ('self_attn.v_proj.weight', ('self_attn', 'v_proj', 'kernel'), 'in_proj', (_KV, 'hidden_size')),
+    ('self_attn.o_proj.weight', ('self_attn', 'o_proj', 'kernel'), 'out_proj', ('hidden_size', _Q)),
+    ('mlp.gate_proj.weight', ('mlp', 'gate_proj', 'kernel'), 'linear', ('intermediate_size', 'hidden_size')),
+    ('mlp.up_proj.weight', ('mlp', 'up_proj', 'kernel'), 'linear', ('intermediate_size', 'hidden_size')),
+    ('mlp.down_proj.weight', ('mlp', 'down_proj', 'kernel'), 'linear', ('hidden_size', 'intermediate_size')),
 )
 _QK_NORM_TENSORS = (
-    ('self_attn.q_norm.weight', ('self_attn', 'q_norm', 'weight'), 'vector'),
-    ('self_attn.k_norm.weight', ('self_attn', 'k_norm', 'weight'), 'vector'),
+    ('self_attn.q_norm.weight', ('self_attn', 'q_norm', 'weight'), 'vector', ('num_attention_heads', 'head_dim')),
+    ('self_attn.k_norm.weight', ('self_attn', 'k_norm', 'weight'), 'vector', ('num_key_value_heads', 'head_dim')),
 )
+_GLOBAL_TENSORS = {'model.embed_tokens.weight': ('vocab_size', 'hidden_size'), 'model.norm.weight': ('hidden_size',)}
+
+# safetensors dtype → (numpy name, bytes per element), for the dtypes a Cohere checkpoint's tensors come in.
+_SAFETENSORS_DTYPES = {'F64': ('float64', 8), 'F32': ('float32', 4), 'F16': ('float16', 2), 'BF16': ('bfloat16', 2),
+                       'I64': ('int64', 8), 'I32': ('int32', 4), 'I16': ('int16', 2), 'I8': ('int8', 1),
+                       'U8': ('uint8', 1)}
+_FLOAT_DTYPES = ('float64', 'float32', 'float16', 'bfloat16')
+_INT_DTYPES = ('int64', 'int32', 'int16', 'int8', 'uint8')
+# What each tensor kind of `expected_tensors` may be stored as.
+_KIND_DTYPES = {'float': _FLOAT_DTYPES, 'packed': ('int32',), 'shape': _INT_DTYPES}
+
+# config.json fields read by `config_from_hf` and what each must be; `null` or absent takes transformers'
+# default, except for the required ones (True).
+_POSITIVE_INT, _POSITIVE, _NUMBER, _BOOL = 'a positive integer', 'a positive number', 'a number', 'true or false'
+_HF_FIELDS = {
+    'vocab_size': (_POSITIVE_INT, True), 'hidden_size': (_POSITIVE_INT, True),
+    'intermediate_size': (_POSITIVE_INT, True), 'num_hidden_layers': (_POSITIVE_INT, True),
+    'num_attention_heads': (_POSITIVE_INT, True), 'num_key_value_heads': (_POSITIVE_INT, False),
+    'head_dim': (_POSITIVE_INT, False), 'sliding_window': (_POSITIVE_INT, False),
+    'sliding_window_pattern': (_POSITIVE_INT, False), 'max_position_embeddings': (_POSITIVE_INT, False),
+    'rope_theta': (_POSITIVE, False), 'layer_norm_eps': (_POSITIVE, False), 'logit_scale': (_NUMBER, False),
+    'use_qk_norm': (_BOOL, False), 'tie_word_embeddings': (_BOOL, False), 'attention_bias': (_BOOL, False),
+    'layer_types': ('a list of layer type names', False), 'hidden_act': ('a string', False),
+    'rope_parameters': ('a JSON object', False), 'quantization_config': ('a JSON object', False),
+}
+_IS = {
+    _POSITIVE_INT: lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+    _POSITIVE: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf,
+    _NUMBER: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+    _BOOL: lambda v: isinstance(v, bool),
+    'a list of layer type names': lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v),
+    'a string': lambda v: isinstance(v, str),
+    'a JSON object': lambda v: isinstance(v, dict),
+}
+
+
+class TensorHeader(NamedTuple):
+  """One tensor as a safetensors header describes it: where it is, its dtype (numpy name) and shape."""
+  file: str
+  dtype: str
+  shape: tuple[int, ...]
+
+
+def read_json_object(file: str | pathlib.Path) -> dict[str, Any]:
+  """The JSON object in `file` (config.json, the safetensors index); anything else is an InvalidFile naming it."""
+  try:
+    value = json.loads(pathlib.Path(file).read_text())
+  except OSError as e:
+    raise errors.InvalidFile(f'{file}: cannot be read ({e.strerror})') from None
+  except json.JSONDecodeError as e:
+    raise errors.InvalidFile(f'{file}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})') from None
+  except UnicodeDecodeError:
+    raise errors.InvalidFile(f'{file}: not valid JSON (not UTF-8 text)') from None
+  if not isinstance(value, dict):
+    raise errors.InvalidFile(f'{file}: expected a JSON object, got a JSON {type(value).__name__}')
+  return value
 
 
 def is_hf_dir(path: str | pathlib.Path) -> bool:
+  """Whether `path` has a config.json naming a model_type we read (one that is not a JSON object is an error)."""
   config = pathlib.Path(path) / 'config.json'
-  return config.is_file() and json.loads(config.read_text()).get('model_type') in MODEL_TYPES
+  return config.is_file() and read_json_object(config).get('model_type') in MODEL_TYPES
+
+
+def _check_fields(hf: dict[str, Any], path: str) -> None:
+  """Each `_HF_FIELDS` entry present with its type and domain, before any of them sizes an array."""
+  for key, (kind, required) in _HF_FIELDS.items():
+    value = hf.get(key)
+    if value is None and required:
+      raise errors.InvalidFile(f'{path}: no {key} ({kind}); a transformers Cohere2/Cohere config.json has one')
+    if value is not None and not _IS[kind](value):
+      raise errors.InvalidFile(f'{path}: {key}={json.dumps(value)[:60]} must be {kind}')
+  if (theta := (hf.get('rope_parameters') or {}).get('rope_theta')) is not None and not _IS[_POSITIVE](theta):
+    raise errors.InvalidFile(f'{path}: rope_parameters.rope_theta={json.dumps(theta)[:60]} must be {_POSITIVE}')
 
 
 def config_from_hf(hf: dict[str, Any], path: str = 'config.json', **overrides: Any) -> ModelConfig:
   """ModelConfig from a transformers config.json dict (Cohere2 with `layer_types` or the legacy
-  `sliding_window_pattern`, or Cohere v1)."""
+  `sliding_window_pattern`, or Cohere v1); a field missing, of the wrong type or unsupported is an
+  InvalidFile naming `path` and the field."""
   model_type = hf.get('model_type')
   if model_type not in MODEL_TYPES:
-    raise ValueError(f'{path}: model_type {model_type!r} is not supported; expected one of {MODEL_TYPES}')
+    raise errors.InvalidFile(f'{path}: model_type {model_type!r} is not supported; expected one of {MODEL_TYPES}')
+  _check_fields(hf, path)
   if hf.get('attention_bias'):
-    raise ValueError(f'{path}: attention_bias=true is not supported (Cohere2 checkpoints have none)')
+    raise errors.InvalidFile(f'{path}: attention_bias=true is not supported (Cohere2 checkpoints have none)')
   if not hf.get('tie_word_embeddings', True):
-    raise ValueError(f'{path}: untied embeddings are not supported (Cohere ties the LM head)')
+    raise errors.InvalidFile(f'{path}: untied embeddings are not supported (Cohere ties the LM head)')
   rope = hf.get('rope_parameters') or {}
   if rope.get('rope_type', 'default') != 'default':
-    raise ValueError(f'{path}: rope_type {rope["rope_type"]!r} is not supported; only default RoPE')
+    raise errors.InvalidFile(f'{path}: rope_type {rope["rope_type"]!r} is not supported; only default RoPE')
   num_layers = hf['num_hidden_layers']
   if model_type == 'cohere':
     layer_types, window = (FULL,) * num_layers, None
@@ -76,8 +159,8 @@ def config_from_hf(hf: dict[str, Any], path: str = 'config.json', **overrides: A
     layer_types, window = pattern_layer_types(num_layers, hf.get('sliding_window_pattern', 4)), hf.get(
         'sliding_window', HF_DEFAULTS['sliding_window'])
   num_heads = hf['num_attention_heads']
-  if 'head_dim' in hf and hf['head_dim'] != hf['hidden_size'] // num_heads:
-    raise ValueError(f'{path}: head_dim {hf["head_dim"]} != hidden_size / num_attention_heads')
+  if hf.get('head_dim') is not None and hf['head_dim'] != hf['hidden_size'] // num_heads:
+    raise errors.InvalidFile(f'{path}: head_dim {hf["head_dim"]} != hidden_size / num_attention_heads')
   fields = dict(
       vocab_size=hf['vocab_size'], hidden_size=hf['hidden_size'], intermediate_size=hf['intermediate_size'],
       num_layers=num_layers, num_heads=num_heads, num_kv_heads=hf.get('num_key_value_heads') or num_heads,
@@ -87,8 +170,11 @@ def config_from_hf(hf: dict[str, Any], path: str = 'config.json', **overrides: A
       max_position_embeddings=hf.get('max_position_embeddings', 8192),
       use_qk_norm=bool(hf.get('use_qk_norm', False)), rope_on_full_layers=model_type == 'cohere')
   if hf.get('hidden_act', 'silu') != 'silu':
-    raise ValueError(f'{path}: hidden_act {hf["hidden_act"]!r} is not supported; Cohere uses silu')
-  return ModelConfig(**{**fields, **overrides})
+    raise errors.InvalidFile(f'{path}: hidden_act {hf["hidden_act"]!r} is not supported; Cohere uses silu')
+  try:
+    return ModelConfig(**{**fields, **overrides})
+  except ValueError as e:  # sizes that do not fit together, e.g. layer_types of another length than num_layers
+    raise errors.InvalidFile(f'{path}{f" with {overrides}" if overrides else ""}: {e}') from None
 
 
 def config_to_hf(config: ModelConfig, dtype: str = 'float32') -> dict[str, Any]:
@@ -141,41 +227,77 @@ def _to_hf(value: np.ndarray, kind: str) -> np.ndarray:
   return value.reshape(-1, value.shape[-1]).T
 
 
+def expected_tensors(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...], str]]:
+  """HF tensor name → (shape, the config.json sizes behind each dimension, dtype kind: 'float', 'packed' or
+  'shape') of every tensor a checkpoint of `config` holds: what `params_to_hf` writes and `params_from_hf` reads."""
+  def entry(dims, kind='float'):
+    return tuple(_SIZES[d](config) if d in _SIZES else int(d) for d in dims), dims, kind
+  expected = {name: entry(dims) for name, dims in _GLOBAL_TENSORS.items()}
+  for layer in range(config.num_layers):
+    for hf_name, _, kind, dims in _layer_tensors(config):
+      if is_served(config) and kind != 'vector':  # compressed-tensors: packed int values, scales and [out, in]
+        prefix = f'model.layers.{layer}.{hf_name.removesuffix("weight")}'
+        (out_dim, in_dim), (out_size, in_size) = dims, [_SIZES[d](config) for d in dims]
+        per_word, group = compressed.PACK_BITS // config.quant.bits, config.quant.group_size
+        expected[prefix + 'weight_packed'] = ((out_size, -(-in_size // per_word)),
+                                              (out_dim, f'{in_dim}/{per_word}'), 'packed')
+        expected[prefix + 'weight_scale'] = ((out_size, in_size // group if group else 1),
+                                             (out_dim, f'{in_dim}/{group}' if group else '1'), 'float')
+        expected[prefix + 'weight_shape'] = ((2,), ('2',), 'shape')
+      else:
+        expected[f'model.layers.{layer}.{hf_name}'] = entry(dims)
+  return expected
+
+
+def check_tensors(found: Mapping[str, TensorHeader], config: ModelConfig, where: str, config_file: str) -> None:
+  """The tensors of checkpoint `where` (`read_headers`: no tensor data needed) against what `config_file`
+  describes: every one present, none extra, each of its shape and of a dtype luckystar reads; else an
+  InvalidFile naming the file, the tensor and the mismatch."""
+  expected = expected_tensors(config)
+  if missing := [name for name in expected if name not in found]:
+    more = f' and {len(missing) - 1} more' if len(missing) > 1 else ''
+    int4 = f' (an int4 checkpoint needs {_PACKED_SUFFIXES} per Linear)' if is_served(config) else ''
+    raise errors.InvalidFile(f'{where}: missing tensor {missing[0]}{more}, which {config_file} calls for{int4}')
+  # Some tied checkpoints still carry lm_head.weight (a copy of the embedding); it is ignored.
+  if unexpected := sorted(set(found) - set(expected) - {'lm_head.weight'}):
+    raise errors.InvalidFile(f'{where}: unexpected tensors, e.g. {unexpected[:3]}; {config_file} '
+                             f'(num_hidden_layers={config.num_layers}) has no place for them')
+  for name, (shape, dims, kind) in expected.items():
+    tensor = found[name]
+    if tuple(tensor.shape) != shape:
+      raise errors.InvalidFile(f'{tensor.file}: tensor {name} has shape {list(tensor.shape)}, but {config_file} '
+                               f'gives {" × ".join(dims)} = {list(shape)}')
+    if tensor.dtype not in _KIND_DTYPES[kind]:
+      raise errors.InvalidFile(f'{tensor.file}: tensor {name} is {tensor.dtype}; luckystar reads it as one of '
+                               f'{", ".join(_KIND_DTYPES[kind])}')
+
+
 def params_from_hf(tensors: dict[str, np.ndarray], config: ModelConfig, path: str = '<tensors>') -> dict:
-  """Our scanned param tree from HF tensor names; missing or unexpected names are errors."""
+  """Our scanned param tree from HF tensor names; missing or unexpected names, or shapes and dtypes that
+  disagree with `config`, are InvalidFile errors (`check_tensors`)."""
+  check_tensors({name: TensorHeader(path, np.dtype(t.dtype).name, tuple(t.shape)) for name, t in tensors.items()},
+                config, path, 'the config')
   period, groups = config.layer_period, config.num_layers // config.layer_period
-  expected = {'model.embed_tokens.weight', 'model.norm.weight'}
   layers = {}
   for i in range(period):
     layer = {}
-    for hf_name, ours, kind in _layer_tensors(config):
+    for hf_name, ours, kind, _ in _layer_tensors(config):
       node = layer
       for key in ours[:-1]:
         node = node.setdefault(key, {})
       prefixes = [f'model.layers.{g * period + i}.{hf_name.removesuffix("weight")}' for g in range(groups)]
       if is_served(config) and kind != 'vector':  # compressed-tensors int weights → AQT's frozen tensors
-        names = [prefix + suffix for prefix in prefixes for suffix in _PACKED_SUFFIXES]
-        expected.update(names)
-        if missing := [n for n in names if n not in tensors]:
-          raise ValueError(f'{path}: missing tensor {missing[0]} (an int4 checkpoint needs {_PACKED_SUFFIXES})')
-        frozen = [compressed.from_hf({s: tensors[prefix + s] for s in _PACKED_SUFFIXES}, config.quant, prefix[:-1])
-                  for prefix in prefixes]
+        try:
+          frozen = [compressed.from_hf({s: tensors[prefix + s] for s in _PACKED_SUFFIXES}, config.quant,
+                                       prefix[:-1]) for prefix in prefixes]
+        except ValueError as e:  # weight_shape values that disagree with the packed tensor
+          raise errors.InvalidFile(f'{path}: {e}') from None
         node[AQT_NAME] = {'qrhs': {'value': np.stack([v for v, _ in frozen]).astype(config.quant.value_dtype),
                                    'scale': np.stack([s for _, s in frozen])}}
         continue
-      names = [prefix + 'weight' for prefix in prefixes]
-      expected.update(names)
-      if missing := [n for n in names if n not in tensors]:
-        raise ValueError(f'{path}: missing tensor {missing[0]}')
-      node[ours[-1]] = np.stack([_to_ours(np.asarray(tensors[n]), kind, ours, config) for n in names])
+      node[ours[-1]] = np.stack([_to_ours(np.asarray(tensors[prefix + 'weight']), kind, ours, config)
+                                 for prefix in prefixes])
     layers[f'layer_{i}'] = layer
-  for name in ('model.embed_tokens.weight', 'model.norm.weight'):
-    if name not in tensors:
-      raise ValueError(f'{path}: missing tensor {name}')
-  # Some tied checkpoints still carry lm_head.weight (a copy of the embedding); it is ignored.
-  unexpected = set(tensors) - expected - {'lm_head.weight'}
-  if unexpected:
-    raise ValueError(f'{path}: unexpected tensors, e.g. {sorted(unexpected)[:3]}')
   return {'embedding': np.asarray(tensors['model.embed_tokens.weight']), 'layers': layers,
           'norm': {'weight': np.asarray(tensors['model.norm.weight'])}}
 
@@ -186,7 +308,7 @@ def params_to_hf(params: Any, config: ModelConfig) -> dict[str, np.ndarray]:
   period = config.layer_period
   out = {'model.embed_tokens.weight': params['embedding'], 'model.norm.weight': params['norm']['weight']}
   for i in range(period):
-    for hf_name, ours, kind in _layer_tensors(config):
+    for hf_name, ours, kind, _ in _layer_tensors(config):
       node = params['layers'][f'layer_{i}']
       for key in ours[:-1]:
         node = node[key]
@@ -202,42 +324,136 @@ def params_to_hf(params: Any, config: ModelConfig) -> dict[str, np.ndarray]:
   return out
 
 
-def _safetensor_files(path: pathlib.Path) -> list[pathlib.Path]:
-  index = path / 'model.safetensors.index.json'
+def _indexed_file(directory: pathlib.Path, name: str, index: pathlib.Path) -> pathlib.Path:
+  """The weight file `index` names as `name`: inside `directory` (no absolute path, no '..', no link out of
+  it: an index comes with a download and must not make us read other files) and present."""
+  file = directory / name
+  if pathlib.PurePath(name).is_absolute() or '..' in pathlib.PurePath(name).parts:
+    raise errors.InvalidFile(f'{index}: weight_map names {name!r}, outside {directory}; an index may only name '
+                             f'files in its own directory')
+  resolved, root = file.resolve(), directory.resolve()
+  # A Hugging Face cache snapshot (…/snapshots/<revision>/) holds links into its repository's blobs/.
+  blobs = root.parent.parent / 'blobs' if root.parent.name == 'snapshots' else None
+  if not resolved.is_relative_to(root) and not (blobs and resolved.is_relative_to(blobs)):
+    raise errors.InvalidFile(f'{index}: weight_map names {name!r}, a link to {resolved}, outside {directory}; '
+                             f'an index may only name files in its own directory')
+  if not file.is_file():
+    raise errors.MissingFile(f'{index}: weight_map names {name!r}, which is not a file in {directory}')
+  return file
+
+
+def _read_header(file: pathlib.Path) -> dict[str, TensorHeader]:
+  """The tensors a safetensors file's header lists (8-byte little-endian length, then JSON), checked against
+  the file's size: a truncated or non-safetensors file is an InvalidFile here, before any data is read."""
+  size = file.stat().st_size
+  with open(file, 'rb') as f:
+    length = int.from_bytes(f.read(8), 'little')
+    if size < 8:
+      raise errors.InvalidFile(f'{file}: not a safetensors file ({size} bytes, less than its 8-byte header length)')
+    if length > size - 8:
+      raise errors.InvalidFile(f'{file}: not a safetensors file (its first 8 bytes give a header of {length} '
+                               f'bytes, but the file has {size})')
+    try:
+      header = json.loads(f.read(length))
+    except ValueError:  # not UTF-8 or not JSON
+      raise errors.InvalidFile(f'{file}: not a safetensors file (its header is not JSON)') from None
+  if not isinstance(header, dict):
+    raise errors.InvalidFile(f'{file}: not a safetensors file (its header is not a JSON object)')
+  header.pop('__metadata__', None)
+  tensors, data_end = {}, 0
+  for name, entry in header.items():
+    try:
+      dtype, shape, (begin, end) = entry['dtype'], tuple(int(d) for d in entry['shape']), entry['data_offsets']
+    except (KeyError, TypeError, ValueError):
+      raise errors.InvalidFile(f'{file}: malformed safetensors header entry for {name!r}: '
+                               f'{json.dumps(entry)[:80]}') from None
+    if dtype not in _SAFETENSORS_DTYPES:
+      raise errors.InvalidFile(f'{file}: tensor {name} has dtype {dtype!r}, which luckystar cannot read; '
+                               f'expected one of {", ".join(_SAFETENSORS_DTYPES)}')
+    numpy_name, itemsize = _SAFETENSORS_DTYPES[dtype]
+    if not (isinstance(begin, int) and isinstance(end, int)) or end - begin != math.prod(shape) * itemsize:
+      raise errors.InvalidFile(f'{file}: tensor {name} ({dtype} {list(shape)}) has data_offsets {[begin, end]}, '
+                               f'which do not span its {math.prod(shape) * itemsize} bytes')
+    tensors[name], data_end = TensorHeader(str(file), numpy_name, shape), max(data_end, end)
+  if data_end != size - 8 - length:
+    problem = 'truncated' if data_end > size - 8 - length else 'longer than its header says'
+    raise errors.InvalidFile(f'{file}: {problem}: its header lists {data_end} bytes of tensor data, but '
+                             f'{size - 8 - length} follow; copy or download it again')
+  return tensors
+
+
+def read_headers(path: str | pathlib.Path) -> dict[str, TensorHeader]:
+  """Every tensor of an HF directory as its safetensors headers (and `model.safetensors.index.json`, when there
+  is one) describe it; no tensor data is read. A malformed or inconsistent index or header, an index naming a
+  file outside the directory, or a truncated file is an InvalidFile naming it."""
+  path = pathlib.Path(path)
+  index = path / INDEX_FILE
+  weight_map = None
   if index.is_file():
-    return sorted({path / f for f in json.loads(index.read_text())['weight_map'].values()})
-  files = sorted(path.glob('*.safetensors'))
-  if not files:
-    raise FileNotFoundError(f'{path}: no *.safetensors files (only safetensors checkpoints are supported)')
-  return files
+    weight_map = read_json_object(index).get('weight_map')
+    if not (isinstance(weight_map, dict) and weight_map and all(isinstance(f, str) for f in weight_map.values())):
+      raise errors.InvalidFile(f'{index}: "weight_map" must map each tensor name to a safetensors file in {path}, '
+                               f'got {json.dumps(weight_map)[:60]}')
+    files = {name: _indexed_file(path, name, index) for name in sorted(set(weight_map.values()))}
+  else:
+    files = {file.name: file for file in sorted(path.glob('*.safetensors'))}
+    if not files:
+      raise errors.MissingFile(f'{path}: no *.safetensors files (only safetensors checkpoints are supported)')
+  headers = {}
+  for file in files.values():
+    for name, tensor in _read_header(file).items():
+      if name in headers:
+        raise errors.InvalidFile(f'{path}: tensor {name} is in both {headers[name].file} and {file}')
+      headers[name] = tensor
+  for name, file_name in (weight_map or {}).items():
+    if name not in headers or headers[name].file != str(files[file_name]):
+      raise errors.InvalidFile(f'{index}: weight_map puts {name} in {file_name}, which does not hold it')
+  return headers
+
+
+def _read_tensors(headers: Mapping[str, TensorHeader]) -> dict[str, np.ndarray]:
+  """The data of the tensors `read_headers` listed, as numpy (bf16 stays bf16 via ml_dtypes)."""
+  tensors = {}
+  for file in dict.fromkeys(tensor.file for tensor in headers.values()):
+    try:
+      with safe_open(file, framework='flax') as f:
+        for name in (name for name, tensor in headers.items() if tensor.file == file):
+          tensors[name] = np.asarray(f.get_tensor(name))
+    except safetensors.SafetensorError as e:  # what its header check lets through, e.g. overlapping tensors
+      raise errors.InvalidFile(f'{file}: not a readable safetensors file ({e})') from None
+  return tensors
 
 
 def read_safetensors(path: str | pathlib.Path) -> dict[str, np.ndarray]:
   """All tensors of an HF directory as numpy (bf16 stays bf16 via ml_dtypes)."""
-  tensors = {}
-  for file in _safetensor_files(pathlib.Path(path)):
-    with safe_open(str(file), framework='flax') as f:
-      for name in f.keys():
-        tensors[name] = np.asarray(f.get_tensor(name))
-  return tensors
+  return _read_tensors(read_headers(path))
 
 
 def load_hf(path: str | pathlib.Path, **config_overrides: Any) -> tuple[ModelConfig, dict]:
-  """(config, params) from a transformers Cohere2/Cohere directory; params keep the file's dtype."""
+  """(config, params) from a transformers Cohere2/Cohere directory; params keep the file's dtype.
+  config.json, the index and every tensor's shape and dtype are checked against each other before any
+  tensor data is read; a mismatch is an InvalidFile naming the file and what disagrees."""
   path = pathlib.Path(path)
   config_file = path / 'config.json'
   if not config_file.is_file():
-    raise FileNotFoundError(f'{path}: no config.json; not a transformers model directory')
-  hf_config, tensors = json.loads(config_file.read_text()), read_safetensors(path)
+    raise errors.MissingFile(f'{path}: no config.json; not a transformers model directory')
+  hf_config, headers = read_json_object(config_file), read_headers(path)
+  _check_fields(hf_config, str(config_file))
   if compressed.is_quantized(hf_config):  # int4 (compressed-tensors): served from its int values and scales
-    scale_dtypes = {t.dtype.name for name, t in tensors.items() if name.endswith('.weight_scale')}
+    scale_dtypes = {t.dtype for name, t in headers.items() if name.endswith('.weight_scale')}
     if len(scale_dtypes) != 1:
-      raise ValueError(f'{path}: a compressed-tensors checkpoint needs weight_scale tensors of one dtype, '
-                       f'found {sorted(scale_dtypes) or "none"}')
-    config_overrides = {'quant': compressed.settings_from_config(hf_config, str(config_file), scale_dtypes.pop()),
-                        **config_overrides}
+      raise errors.InvalidFile(f'{path}: a compressed-tensors checkpoint needs weight_scale tensors of one dtype, '
+                               f'found {sorted(scale_dtypes) or "none"}')
+    try:
+      quant_settings = compressed.settings_from_config(hf_config, str(config_file), scale_dtypes.pop())
+    except ValueError as e:  # names config.json already
+      raise errors.InvalidFile(str(e)) from None
+    except (KeyError, TypeError) as e:  # a field it needs missing or of another type
+      raise errors.InvalidFile(f'{config_file}: unsupported quantization_config ({type(e).__name__}: {e})') from None
+    config_overrides = {'quant': quant_settings, **config_overrides}
   config = config_from_hf(hf_config, str(config_file), **config_overrides)
-  return config, params_from_hf(tensors, config, str(path))
+  check_tensors(headers, config, str(path), str(config_file))  # before any tensor data is read
+  return config, params_from_hf(_read_tensors(headers), config, str(path))
 
 
 def save_hf(path: str | pathlib.Path, config: ModelConfig, params: Any, *, dtype: str = 'bfloat16',

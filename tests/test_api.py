@@ -69,7 +69,7 @@ def test_every_bundled_name_ships_and_no_other_name_is_reserved():
   from luckystar import api
   assert all((api.BUNDLED_DIR / name).is_dir() for name in api.BUNDLED_MODELS)
   with pytest.raises(FileNotFoundError, match="teacher: no such bundled model or directory; bundled models: "
-                                              r"\('tiny-base', 'tiny-sft', 'tiny-rlvr'\)"):
+                                              r"\('tiny-base', 'tiny-sft', 'tiny-rlvr', 'tiny-teacher'\)"):
     luckystar.load('teacher')
 
 

@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 import luckystar
-from luckystar import api, model
+from luckystar import api, model, quant
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import suites
 from luckystar.interop import hf
 
-SHIPPED = ('tiny-base', 'tiny-sft', 'tiny-rlvr')
+SHIPPED = ('tiny-base', 'tiny-sft', 'tiny-rlvr', 'tiny-teacher')
+INT4 = ('tiny-teacher',)   # shipped in int4 to keep within the size budget (experiments/bundled_models.py)
 
 
 @pytest.mark.fast
@@ -27,13 +28,16 @@ def test_everything_shipped_fits_the_size_budget():
 def test_bundled_models_load_offline_with_their_provenance(name):
   loaded = luckystar.load(name)
   assert loaded.tokenizer is not None and loaded.tokenizer.model_proto == tokenizer_lib.default().model_proto
-  assert sum(x.size for x in jax.tree.leaves(loaded.params)) == model.param_count(model.get('tiny'))
   assert loaded.config.layer_types == model.get('tiny').layer_types
   card = json.loads((api.BUNDLED_DIR / name / 'luckystar.json').read_text())
   assert card['recipe'].startswith('python -m luckystar.main --config=configs/')
   assert card['heldout']['metrics']['eval/concise/correctness'] > 0
   weights = hf.read_safetensors(api.BUNDLED_DIR / name)
-  assert {w.dtype.name for w in weights.values()} == {'bfloat16'}
+  if name in INT4:   # packed int4 Linears with bf16 scales; the rest bf16
+    assert quant.is_served(loaded.config) and {w.dtype.name for w in weights.values()} == {'bfloat16', 'int32'}
+  else:
+    assert sum(x.size for x in jax.tree.leaves(loaded.params)) == model.param_count(model.get('tiny'))
+    assert {w.dtype.name for w in weights.values()} == {'bfloat16'}
 
 
 @pytest.fixture(scope='module')
@@ -105,3 +109,11 @@ def test_save_hf_round_trips_and_transformers_reads_it(tmp_path):
   generation = json.loads((tmp_path / 'bf16' / 'generation_config.json').read_text())
   tok = ours.tokenizer   # a server stops at the end of a turn and at a tool call (END_ACTION), for the caller to run
   assert generation['eos_token_id'] == [tok.eos_id, tok.end_of_turn_id, tok.end_of_action_id]
+
+
+def test_tiny_teacher_writes_execute_sql_calls_on_databases_it_never_saw():
+  teacher = luckystar.load('tiny-teacher')
+  for question in suites.load('nl2sql', 'heldout')[:4]:
+    out = teacher.generate(question.prompt, mode='reasoning', system=question.system,
+                           tools=question.meta['db_path'], max_new_tokens=160)
+    assert out.actions and '"execute_sql"' in out.actions[0] and out.rollout.tool_results, out.actions

@@ -23,7 +23,7 @@ def test_quickstart_notebook_executes(monkeypatch, tmp_path):
   assert not [o for o in outputs if o.output_type == 'error']
   text = ''.join(o.get('text', '') for o in outputs)
   assert 'max |logit difference|' in text and '[concise]' in text
-  # The SQL cell: an execute_sql action that the sandbox ran on a held-out database (a result with rows).
+  # The SQL cell: an execute_sql action the model wrote itself and the sandbox ran (a result with rows).
   assert 'actions: [\'{"tool_name": "execute_sql"' in text and 'rows)\nresponse:' in text, text
   assert any('image/png' in o.get('data', {}) for o in outputs)   # the correctness chart
   # No machine paths in what a reader sees (warnings, printed workdirs, database files).

@@ -19,7 +19,7 @@ from luckystar.engine import checkpoint
 from luckystar.interop import hf
 
 BUNDLED_DIR = pathlib.Path(__file__).parents[1] / 'assets' / 'models'
-BUNDLED_MODELS = ('tiny-base', 'tiny-sft', 'tiny-rlvr')
+BUNDLED_MODELS = ('tiny-base', 'tiny-sft', 'tiny-rlvr', 'tiny-teacher')
 
 _logits = jax.jit(model_lib.apply, static_argnums=0)
 

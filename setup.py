@@ -24,6 +24,7 @@ setuptools.setup(
         'grain>=0.2.18,<0.3',
         'tensorstore>=0.1.70',
         'sentencepiece>=0.2,<0.3',
+        'tokenizers>=0.22,<0.24',  # a checkpoint's own tokenizer.json (luckystar.tokenizer.codecs)
         'ml-collections>=1.1,<2',
         'chex>=0.1.90',
         'aqtp>=0.9,<0.10',        # imports as aqt.jax.v2; the PyPI package `aqt` is unrelated

@@ -12,6 +12,7 @@ import ml_collections
 
 from luckystar import errors
 from luckystar.engine import artifacts, checkpoint
+from luckystar.tokenizer import formats
 
 # config.stage → luckystar/stages/<stage>.py with `run(config, workdir)`, imported by name when it runs (main,
 # the pipeline stage), so that no stage imports another.
@@ -79,6 +80,8 @@ def check(config: ml_collections.ConfigDict) -> None:
   problems = [f'config.{key}={value!r} is not {_DOMAIN_OF[leaf]}'
               for key, value in flatten(config.to_dict()).items()
               if (leaf := key.rsplit('.', 1)[-1]) in _DOMAIN_OF and not _IN_DOMAIN[_DOMAIN_OF[leaf]](value)]
+  if config.get('chat_format', 'auto') not in formats.CHOICES:
+    problems.append(f'config.chat_format={config.chat_format!r} is not one of {formats.CHOICES}')
   if problems:
     raise errors.UserError('; '.join(problems))
 
@@ -134,6 +137,8 @@ def base(stage: str) -> ml_collections.ConfigDict:
   config.stage = stage
   config.seed = 0
   config.init_from = 'tiny-sft'       # bundled name, luckystar checkpoint dir, or transformers dir
+  # The chat format of init_from's tokenizer: 'auto' detects it from the special tokens (luckystar.tokenizer).
+  config.chat_format = 'auto'
   # ModelConfig fields replaced at init, e.g. dict(sliding_window=512); checkpoints keep the result.
   config.model_overrides = ml_collections.ConfigDict()
   config.total_steps = 100

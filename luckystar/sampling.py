@@ -10,7 +10,7 @@ in the batch (their outputs are masked), which keeps the program static.
 tool called, the tool turn is spliced in, and every row that has a tool result
 resumes, all together, from a fresh prefill of its whole conversation so far
 (simple and exact; the prefill is cheap next to the decode steps). The layout
-of a tool round trip (`tool_turn_ids`) equals what `Tokenizer.render` produces
+of a tool round trip (`Tokenizer.tool_round_trip`) equals what `Tokenizer.render` produces
 for an assistant turn with an action followed by a tool turn and another
 assistant turn.
 
@@ -250,20 +250,6 @@ def _batch_devices() -> int:
 # ---- the multi-turn tool loop ------------------------------------------------------------------
 
 
-def tool_turn_ids(tokenizer: tokenizer_lib.Tokenizer, result_ids: Sequence[int]) -> list[int]:
-  """What follows a generated `...<|END_ACTION|>` when the tool answers, the one place it is built:
-
-      <|END_OF_TURN|><|START_OF_TURN|><|TOOL|>{result}<|END_OF_TURN|><|START_OF_TURN|><|ASSISTANT|>
-
-  i.e. the rest of the assistant turn as `Tokenizer.render` closes it, the tool turn, and the
-  generation prompt of the next assistant turn. None of it is trained on (loss mask 0).
-  """
-  special = tokenizer.special_ids
-  start, end = special[tokenizer_lib.START_OF_TURN], special[tokenizer_lib.END_OF_TURN]
-  return [end, start, special[tokenizer_lib.ROLE_TOKENS['tool']], *result_ids, end,
-          *tokenizer.generation_prompt()]
-
-
 @dataclasses.dataclass
 class Rollout:
   """One row's continuation after its prompt, all arrays aligned with token_ids.
@@ -318,14 +304,14 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
   """Generates each prompt's continuation, running tools between turns.
 
   prompts: rendered with add_generation_prompt=True. A row that stops at END_ACTION gets
-  `tool_fn(row_index, action_text)`: a string is the tool result, spliced in as `tool_turn_ids`
+  `tool_fn(row_index, action_text)`: a string is the tool result, spliced in as `Tokenizer.tool_round_trip`
   (cut to max_tool_result_tokens tokens) before generation resumes; None, or no tool_fn, ends
   the row. max_new_tokens bounds the whole continuation, spliced tool turns included, so a
   sequence never exceeds prompt + max_new_tokens. Rows that resume are batched together; shapes
   are rounded up to length_multiple (and the batch to a power of two) to reuse compiled programs.
   """
   settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-  stop_ids = (tokenizer.end_of_turn_id, tokenizer.end_of_action_id)
+  stop_ids = tokenizer.stop_ids
   rows = [_Row(prompt=list(p)) for p in prompts]
   active = list(range(len(rows)))
   for round_index in range(max_tool_turns + 1):
@@ -359,9 +345,9 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
         if result is None:
           row.stop_reason = 'action'
           continue
-        result_ids = tokenizer.encode(result)[:max_tool_result_tokens]
-        row.tool_results.append(tokenizer.decode(result_ids))
-        splice = tool_turn_ids(tokenizer, result_ids)
+        body, text = tokenizer.tool_result_ids(result, max_tool_result_tokens)
+        row.tool_results.append(text)
+        splice = tokenizer.tool_round_trip(body)
         if len(row.ids) + len(splice) >= max_new_tokens:  # no room left to answer
           splice = splice[:max_new_tokens - len(row.ids)]
           row.stop_reason = 'overlong'

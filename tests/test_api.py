@@ -101,8 +101,8 @@ def test_generate_follows_the_chat_template_and_the_sampler(chat_model):
 
 
 @pytest.mark.fast
-def test_generate_needs_our_tokenizer(hf_dir):
-  with pytest.raises(ValueError, match='no luckystar tokenizer'):
+def test_generate_needs_a_tokenizer(hf_dir):
+  with pytest.raises(ValueError, match='this model has no tokenizer'):
     luckystar.load(hf_dir).generate('hi')
 
 

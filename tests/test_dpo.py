@@ -312,9 +312,13 @@ def test_a_task_without_a_direct_answer_is_a_clear_error():
 def test_a_malformed_pair_file_names_its_line(tmp_path):
   path = tmp_path / 'pairs.jsonl'
   good = _pair([2, 5], [2, 6], [0, 1], [0, 1])
-  path.write_text(json.dumps(good) + '\n' + json.dumps({**good, 'rejected_loss_mask': [0, 0]}) + '\n')
-  with pytest.raises(errors.UserError, match=r'pairs.jsonl:2: not a DPO pair'):
-    dpo.read_pairs(path)
+  tokenizer = tokenizer_lib.default()
+  for bad in ({**good, 'rejected_loss_mask': [0, 0]}, {**good, 'tokenizer': 'another0123456789'}):
+    path.write_text(json.dumps(good) + '\n' + json.dumps(bad) + '\n')
+    with pytest.raises(errors.UserError, match=r'pairs.jsonl:2: not a DPO pair'):
+      dpo.read_pairs(path, tokenizer)
+  path.write_text(json.dumps(good) + '\n' + json.dumps({**good, 'tokenizer': tokenizer.fingerprint}) + '\n')
+  assert len(dpo.read_pairs(path, tokenizer)) == 2   # no fingerprint: a file from before pairs recorded one
 
 
 # ---- the cached reference log-probs ----------------------------------------------------------------------
@@ -414,11 +418,11 @@ def test_changed_pair_settings_are_a_clear_error(runs):
   config = _config('smoke')
   config.dpo.samples_per_prompt = 3
   with pytest.raises(errors.UserError, match='samples_per_prompt'):
-    dpo.load_or_build_pairs(config, runs['workdir'], None, None, None)
+    dpo.load_or_build_pairs(config, runs['workdir'], None, None, tokenizer_lib.default())
 
 
 def test_pairs_built_with_another_direct_answer_format_are_stale(runs, monkeypatch):
   # A pair file from before the Korean MC chosen reply kept its option text must not be reused silently.
   monkeypatch.setattr(dpo, 'DIRECT_FORMAT', dpo.DIRECT_FORMAT - 1)
   with pytest.raises(errors.UserError, match='direct_format'):
-    dpo.load_or_build_pairs(_config('smoke'), runs['workdir'], None, None, None)
+    dpo.load_or_build_pairs(_config('smoke'), runs['workdir'], None, None, tokenizer_lib.default())

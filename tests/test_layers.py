@@ -19,7 +19,7 @@ LAYER_ORDER = ('core', 'tasks', 'engine', 'stages', 'entry')
 LAYERS = {
     'luckystar.errors': 'core',
     'luckystar.model.*': 'core',
-    'luckystar.tokenizer': 'core',
+    'luckystar.tokenizer.*': 'core',
     'luckystar.tools.*': 'core',
     'luckystar.sampling': 'core',
     'luckystar.distributed': 'core',

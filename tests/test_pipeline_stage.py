@@ -7,11 +7,16 @@ import pathlib
 import types
 
 import ml_collections
+import numpy as np
 import pytest
 
+import luckystar
 from luckystar import config as config_lib
 from luckystar import errors
+from luckystar import tokenizer as tokenizer_lib
+from luckystar.engine import checkpoint
 from luckystar.stages import pipeline
+import cohere_checkpoint
 import main_runs
 
 
@@ -68,9 +73,19 @@ def test_a_finished_stage_is_skipped_and_one_with_a_changed_config_is_an_error(t
   assert len(calls) == 1
 
 
-def test_smoke_pipeline_runs_the_chain_and_a_rerun_skips_every_stage(tmp_path):
+# The chain from the bundled models, and from a user's Cohere-format checkpoint (its own tokenizer and chat format;
+# tests/cohere_checkpoint.py) in every stage that starts from a checkpoint rather than an earlier stage.
+FROM_CHECKPOINT = ('teacher', 'sft', 'dpo')
+
+
+@pytest.mark.parametrize('start', ['bundled', 'cohere'])
+def test_smoke_pipeline_runs_the_chain_and_a_rerun_skips_every_stage(start, tmp_path, request):
   workdir = tmp_path / 'paper'
-  process = main_runs.start('configs/pipeline.py:smoke', workdir, cache_dir=tmp_path / 'cache')
+  overrides = ()
+  if start == 'cohere':
+    checkpoint_dir = request.getfixturevalue('cohere_dir')
+    overrides = tuple(f'--config.pipeline.stages.{name}.init_from={checkpoint_dir}' for name in FROM_CHECKPOINT)
+  process = main_runs.start('configs/pipeline.py:smoke', workdir, cache_dir=tmp_path / 'cache', overrides=overrides)
   out, log = process.communicate(timeout=600)
   assert process.returncode == 0, log[-3000:]
   order = config_lib.from_file('configs/pipeline.py', 'smoke').pipeline.order
@@ -84,7 +99,28 @@ def test_smoke_pipeline_runs_the_chain_and_a_rerun_skips_every_stage(tmp_path):
   assert f'python experiments/paper_report.py --workdir={workdir}' in out
   assert not (workdir / 'report.md').exists()
   int4 = (workdir / 'quantize' / 'hf_int4' / 'model.safetensors').stat().st_mtime_ns
-  code, log = main_runs.finish(main_runs.start('configs/pipeline.py:smoke', workdir, cache_dir=tmp_path / 'cache'))
+  if start == 'cohere':   # every stage's model and artifacts speak the checkpoint's tokenizer
+    fingerprint = tokenizer_lib.from_dir(checkpoint_dir).fingerprint
+    for name in ('teacher', 'sft', 'rlvr', 'dpo'):
+      assert json.loads((workdir / name / 'tokenizer' / checkpoint.TOKENIZER_RECORD).read_text()) == {
+          'backend': 'tokenizers', 'chat_format': 'cohere', 'vocab_size': cohere_checkpoint.VOCAB_SIZE,
+          'fingerprint': fingerprint}
+    traces = (workdir / 'rejection_sampling' / 'rs_traces.jsonl').read_text().splitlines()
+    assert all(json.loads(line)['tokenizer'] == fingerprint for line in traces)
+    assert luckystar.load(workdir / 'quantize' / 'hf_int4').tokenizer.fingerprint == fingerprint
+    # The chain's final float policy exports, and transformers reads it with our logits and greedy tokens.
+    transformers = pytest.importorskip('transformers')
+    torch = pytest.importorskip('torch')
+    policy = luckystar.load(workdir / 'dpo')
+    policy.save_hf(tmp_path / 'dpo_hf', dtype='float32')
+    ids = np.random.default_rng(0).integers(0, cohere_checkpoint.VOCAB_SIZE, (2, 48))
+    with torch.no_grad():
+      theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / 'dpo_hf')(torch.tensor(ids)).logits.numpy()
+    ours = np.asarray(policy.logits(ids))
+    np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
+    assert cohere_checkpoint.greedy_agrees(ours, theirs)
+  code, log = main_runs.finish(main_runs.start('configs/pipeline.py:smoke', workdir, cache_dir=tmp_path / 'cache',
+                                               overrides=overrides))
   assert code == 0, log[-3000:]
   assert all(f'pipeline stage {name!r}: reusing' in log for name in order)
   assert (workdir / 'quantize' / 'hf_int4' / 'model.safetensors').stat().st_mtime_ns == int4

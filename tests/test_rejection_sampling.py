@@ -20,7 +20,8 @@ from luckystar.data.examples import rs_only
 from luckystar.rewards import reward
 from luckystar.stages import rejection_sampling as rs
 from luckystar.stages import rlvr as rloo
-from luckystar.engine import rollouts
+from luckystar.engine import loading, rollouts
+from luckystar.engine import state as state_lib
 from luckystar.stages import sft
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -237,7 +238,7 @@ def test_stage_keeps_verified_traces_writes_its_files_and_they_join_sft(tok, tmp
   examples = rs.rs_prompts(config)
   assert {(e.task, e.language) for e in examples} >= {('nl2sql', 'ko'), ('math', 'ko')}
   monkeypatch.setattr(sampling, 'rollout', _scripted_rollout_fn(tok, examples))
-  monkeypatch.setattr(rs, 'load_teacher', lambda config: (model.get('tiny'), None))
+  monkeypatch.setattr(state_lib, 'load_model', lambda config: loading.Model(model.get('tiny'), None, tok))
   rs.run(config, str(tmp_path))
 
   traces = [json.loads(line) for line in (tmp_path / rs.TRACES_FILE).read_text().splitlines()]
@@ -300,7 +301,7 @@ def test_smoke_run_with_a_random_teacher_writes_its_files_and_a_rerun_reuses_the
 
   def no_teacher(config):
     raise AssertionError('a finished run must not load the teacher again')
-  monkeypatch.setattr(rs, 'load_teacher', no_teacher)
+  monkeypatch.setattr(state_lib, 'load_model', no_teacher)
   rs.run(config, str(tmp_path))
   assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
   assert capsys.readouterr().out.splitlines()[-len(summary):] == summary   # a re-run prints the same summary
@@ -320,12 +321,14 @@ def test_a_bad_trace_line_is_named_by_file_and_line(tok, tmp_path):
   path = tmp_path / 'rs_traces.jsonl'
   for bad in ('{"tokens": [1, 2', json.dumps({**good, 'loss_mask': [0, 1]}),   # broken JSON; lengths differ
               json.dumps({**good, 'tokens': [1, 2, 9000]}),                       # beyond the tokenizer
-              json.dumps({k: v for k, v in good.items() if k != 'tokens'})):
+              json.dumps({k: v for k, v in good.items() if k != 'tokens'}),
+              json.dumps({**good, 'tokenizer': 'another0123456789'})):              # another tokenizer's ids
     path.write_text(json.dumps(good) + '\n' + bad + '\n')
     with pytest.raises(errors.UserError, match=f'{path}:2: '):
-      conversations.read_rs_traces(str(path), vocab_size=tok.vocab_size)
-  path.write_text(json.dumps(good) + '\n\n' + json.dumps(good) + '\n')
-  traces = conversations.read_rs_traces(str(path), vocab_size=tok.vocab_size)
+      conversations.read_rs_traces(str(path), tok)
+  # A file from before traces recorded their tokenizer is the bundled one's.
+  path.write_text(json.dumps(good) + '\n\n' + json.dumps({**good, 'tokenizer': tok.fingerprint}) + '\n')
+  traces = conversations.read_rs_traces(str(path), tok)
   assert len(traces) == 2 and traces[0]['loss_mask'].tolist() == [0, 1, 1]
 
   config = _config('sft')

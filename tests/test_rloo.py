@@ -275,7 +275,7 @@ def test_train_eval_set_is_reserved_before_selection(monkeypatch):
   extra = [dataclasses.replace(e, id=f'extra-{e.id}', split='train') for e in suites.load('nl2sql', 'heldout')[:16]]
   monkeypatch.setattr(sources, '_PROMPTS', dict(sources._PROMPTS))   # registrations end with the test
   sources.register_prompts('extra', lambda seed: extra)
-  without = rloo._fingerprint(config)
+  without = rloo._fingerprint(config, tokenizer_lib.default())
   assert 'extra_prompts' not in without                            # a run without them keeps its cached selection
   config.rlvr.extra_prompts = ('extra',)
   bigger = rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
@@ -287,17 +287,17 @@ def test_train_eval_set_is_reserved_before_selection(monkeypatch):
   assert same_heldout == heldout                                   # the eval set stays on the training databases
   fresh = [e for e in rl_only if e.answer not in {h.answer for h in heldout}]
   assert fresh and [e for e in bigger_rest if e.id in extra_ids] == fresh
-  assert rloo._fingerprint(config) != without                                    # other extra prompts
+  assert rloo._fingerprint(config, tokenizer_lib.default()) != without                                    # other extra prompts
   config.rlvr.extra_prompts = ('missing',)
   with pytest.raises(errors.UserError, match=r"config.rlvr.extra_prompts names \['missing'\].*'extra'"):
     rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
   config.rlvr.extra_prompts = ()
-  assert rloo._fingerprint(config) == without
-  fingerprint = rloo._fingerprint(config)
+  assert rloo._fingerprint(config, tokenizer_lib.default()) == without
+  fingerprint = rloo._fingerprint(config, tokenizer_lib.default())
   config.rlvr.eval_prompts = 64
-  assert rloo._fingerprint(config) != fingerprint                                # another reserve, another pool
+  assert rloo._fingerprint(config, tokenizer_lib.default()) != fingerprint                                # another reserve, another pool
   config.rlvr.eval_split = 'heldout'
-  assert 'eval_prompts' not in rloo._fingerprint(config)
+  assert 'eval_prompts' not in rloo._fingerprint(config, tokenizer_lib.default())
   assert {e.split for e in rloo.eval_pool(config, tok, pool)} == {'heldout'}
   config.rlvr.eval_split = 'test'
   with pytest.raises(errors.UserError, match='config.rlvr.eval_split'):

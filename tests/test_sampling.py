@@ -271,7 +271,7 @@ def rollouts():
 def test_tool_round_trip_layout_equals_the_chat_template():
   ids, _ = TOKENIZER.render([{'role': 'user', 'content': 'q'}, {'role': 'assistant', 'action': '{}'},
                              {'role': 'tool', 'content': 'result: 42'}], 'concise', add_generation_prompt=True)
-  closing = sampling.tool_turn_ids(TOKENIZER, enc('result: 42'))
+  closing = TOKENIZER.tool_round_trip(enc('result: 42'))
   assert ids[-len(closing) - 1] == END_ACT and ids[-len(closing):] == closing
 
 
@@ -313,7 +313,7 @@ def test_tool_turns_are_masked_truncated_and_limited(rollouts):
   out, _ = rollouts
   looping = out[3]
   assert looping.actions == ['{"again": 1}'] * 3
-  truncated = sampling.tool_turn_ids(TOKENIZER, enc(LONG_RESULT)[:6])
+  truncated = TOKENIZER.tool_round_trip(enc(LONG_RESULT)[:6])
   ids, mask = looping.token_ids.tolist(), looping.loss_mask
   masked = [i for i, m in enumerate(mask) if not m]
   assert len(masked) == 2 * len(truncated)

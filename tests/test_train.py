@@ -308,9 +308,9 @@ def test_metrics_resume_rewrite_is_atomic(tmp_path, monkeypatch):
 def test_model_overrides_replace_model_config_fields_at_init():
   """config.model_overrides (e.g. a longer sliding window for the NL2SQL teacher) reaches random and loaded inits;
   a name that is not a ModelConfig field is a config error naming the key."""
-  config, params = state_lib.initial_model('random:tiny', ml_collections.ConfigDict(dict(sliding_window=512)))
+  config, params, *_ = state_lib.initial_model('random:tiny', ml_collections.ConfigDict(dict(sliding_window=512)))
   assert config.sliding_window == 512 and params is None
-  config, params = state_lib.initial_model('tiny-base', {'sliding_window': 512})
+  config, params, *_ = state_lib.initial_model('tiny-base', {'sliding_window': 512})
   assert config.sliding_window == 512 and config.hidden_size == 256 and params is not None
   assert state_lib.initial_model('tiny-base')[0].sliding_window == 64
   with pytest.raises(errors.UserError, match=r"config.model_overrides names \['window'\]"):

@@ -109,7 +109,7 @@ def main():
   config = stage_config(args.size, args.pairs)
   settings = config.dpo
   # As dpo.run builds them.
-  model_config, params = state_lib.initial_model(config.init_from)
+  model_config, params, *_ = state_lib.initial_model(config.init_from)
   mesh = sharding.make_mesh(dict(config.mesh))
   optimizer = optim.make(config)
   state = state_lib.create(model_config, optimizer, mesh, seed=config.seed, params=params)

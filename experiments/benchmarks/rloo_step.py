@@ -106,7 +106,7 @@ def main():
   examples, prompts = benchmark_prompts(config, tokenizer, args.tasks.split(','), args.prompts)
 
   # As rloo.run builds them.
-  model_config, params = state_lib.initial_model(config.init_from)
+  model_config, params, *_ = state_lib.initial_model(config.init_from)
   mesh = sharding.make_mesh(dict(config.mesh))
   optimizer = optim.make(config, settings.updates_per_batch)
   state = state_lib.create(model_config, optimizer, mesh, seed=config.seed, params=params)

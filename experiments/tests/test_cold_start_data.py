@@ -64,7 +64,7 @@ def test_rl_only_prompts_join_rls_pool_never_its_eval_set():
   tok = tokenizer_lib.default()
   pool = rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
   heldout, _ = rloo.reserve_eval(config, tok, pool)
-  fingerprint = rloo._fingerprint(config)
+  fingerprint = rloo._fingerprint(config, tokenizer_lib.default())
   config.rlvr.extra_prompts = ('nl2sql_rl_only_1',)
   bigger = rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
   rl_ids = {e.id for e in cold_start_data.rl_only(1)}
@@ -75,7 +75,7 @@ def test_rl_only_prompts_join_rls_pool_never_its_eval_set():
   assert same_heldout == heldout                                   # the eval set stays on the training databases
   fresh = [e for e in rl_only if e.answer not in {h.answer for h in heldout}]
   assert fresh and [e for e in bigger_rest if e.id in rl_ids] == fresh
-  assert rloo._fingerprint(config) != fingerprint                                # other RL-only databases
+  assert rloo._fingerprint(config, tokenizer_lib.default()) != fingerprint                                # other RL-only databases
 
 
 @pytest.mark.parametrize('split', ['train', 'heldout'])

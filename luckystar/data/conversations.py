@@ -148,7 +148,7 @@ def sft_sources(tokenizer: Tokenizer, *, seed: int = 0, split: str = 'train',
   sources = {'reasoning': list(extra_reasoning), 'concise': []}
   for mode, tasks in (('reasoning', reasoning_tasks), ('concise', concise_tasks)):
     for task in tasks:
-      for example in suites.load(task, split, seed=seed):
+      for example in suites.load(task, split, seed=seed, tokenizer=tokenizer):
         sources[mode].append(render_example(tokenizer, example, mode, thinking_language=thinking_language,
                                             chat_tool_fraction=chat_tool_fraction))
   return sources, dict(DEFAULT_WEIGHTS)
@@ -168,7 +168,8 @@ def base_sources(tokenizer: Tokenizer, *, seed: int = 0, split: str = 'train', t
   sentences). Text lines are `corpus.template_text` (Faker's Korean/English data in templates),
   split by the same hash rule as the suites."""
   from luckystar.data import corpus, korean_mc, suites  # suites build databases; corpus needs Faker
-  sources = {task: [render_example(tokenizer, e, 'concise') for e in suites.load(task, split, seed=seed)]
+  sources = {task: [render_example(tokenizer, e, 'concise')
+                    for e in suites.load(task, split, seed=seed, tokenizer=tokenizer)]
              for task in ('chat', 'math')}
   # Korean MC: more option orders of the same split's sentences (the suite's own examples come first),
   # so the letter must be read from the options rather than remembered per prompt.
@@ -199,14 +200,16 @@ def teacher_sources(tokenizer: Tokenizer, *, seed: int = 0, chat_tool_fraction: 
                      extra_reasoning=[render_example(tokenizer, e, 'reasoning') for e in extra])
 
 
-RS_TRACE_FIELDS = ('example_id', 'task', 'language', 'sample_index', 'teacher', 'mode', 'tokens', 'loss_mask')
+RS_TRACE_FIELDS = ('example_id', 'task', 'language', 'sample_index', 'teacher', 'mode', 'tokenizer', 'tokens',
+                   'loss_mask')
 
 
-def read_rs_traces(path: str, *, vocab_size: int | None = None) -> list[dict[str, np.ndarray]]:
+def read_rs_traces(path: str, tokenizer: Tokenizer) -> list[dict[str, np.ndarray]]:
   """A rejection-sampling trace file (`luckystar.stages.rejection_sampling` writes `rs_traces.jsonl`:
   one JSON object per line with RS_TRACE_FIELDS) → [{'tokens', 'loss_mask'}] int32 arrays, ready as
-  `sft_sources(..., extra_reasoning=...)`. A malformed line raises UserError naming file:line; token
-  ids at or above `vocab_size` (another tokenizer's file) are malformed too."""
+  `sft_sources(..., extra_reasoning=...)`. A malformed line raises UserError naming file:line, and so
+  does a trace of another tokenizer (its `tokenizer` fingerprint, `Tokenizer.made`)."""
+  vocab_size = tokenizer.vocab_size
   try:
     lines = pathlib.Path(path).read_text(encoding='utf-8').splitlines()
   except FileNotFoundError:
@@ -224,10 +227,13 @@ def read_rs_traces(path: str, *, vocab_size: int | None = None) -> list[dict[str
         raise ValueError('expected a JSON object with "mode": "reasoning"')
       tokens, mask = record['tokens'], record['loss_mask']
       if (not isinstance(tokens, list) or not isinstance(mask, list) or not tokens or len(tokens) != len(mask)
-          or not all(type(t) is int and 0 <= t < (vocab_size or 2**31) for t in tokens)
+          or not all(type(t) is int and 0 <= t < vocab_size for t in tokens)
           or not all(m in (0, 1) for m in mask) or not any(mask)):
-        raise ValueError('"tokens" must be token ids' + (f' below {vocab_size}' if vocab_size else '') +
-                         ' and "loss_mask" as many 0/1 values with at least one 1')
+        raise ValueError(f'"tokens" must be token ids below {vocab_size} and "loss_mask" as many 0/1 values '
+                         f'with at least one 1')
+      if not tokenizer.made(record.get('tokenizer')):
+        raise ValueError(f'its tokens are of tokenizer {record.get("tokenizer")}, not of config.init_from\'s '
+                         f'({tokenizer.fingerprint}); sample the traces again with this tokenizer')
     except (ValueError, KeyError) as e:  # json.JSONDecodeError is a ValueError
       reason = f'missing field {e}' if isinstance(e, KeyError) else str(e)
       raise UserError(f'{path}:{number}: not a rejection-sampling trace ({reason}); expected a line '

@@ -120,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   args = parser.parse_args(argv)
   proto = tokenizer.train(tokenizer_corpus(args.seed), args.vocab_size)
   pathlib.Path(args.output).write_bytes(proto)
-  print(f'wrote {args.output}: {tokenizer.Tokenizer(proto).vocab_size} pieces')
+  print(f'wrote {args.output}: {tokenizer.Tokenizer.from_sentencepiece(proto).vocab_size} pieces')
 
 
 if __name__ == '__main__':

@@ -35,9 +35,12 @@ import orbax.checkpoint as ocp
 
 from luckystar import errors
 from luckystar import model
+from luckystar import tokenizer as tokenizer_lib
 from luckystar.engine import artifacts
 
 STATE, DATA, MODEL_CONFIG = 'state', 'data', 'model_config'
+TOKENIZER_DIR = 'tokenizer'                  # in a workdir: the run's tokenizer files and TOKENIZER_RECORD
+TOKENIZER_RECORD = 'luckystar_tokenizer.json'
 
 
 class CheckpointError(errors.UserError):
@@ -325,6 +328,41 @@ def is_run_dir(path: pathlib.Path) -> bool:
   has no checkpoint yet (its config.json names a stage), so that loading it says so."""
   return ((path / 'checkpoints').is_dir() or (path.name == 'checkpoints' and path.is_dir())
           or (path / MODEL_CONFIG).is_dir() or _names_a_stage(path / 'config.json'))
+
+
+def _workdir_of(path: pathlib.Path) -> pathlib.Path:
+  """The run directory of a run directory, its checkpoints/ or one step directory in it."""
+  if (path / STATE).is_dir() or (path / MODEL_CONFIG).is_dir():
+    return path.parent.parent
+  return path.parent if path.name == 'checkpoints' else path
+
+
+def save_tokenizer(workdir: str | pathlib.Path, tokenizer: tokenizer_lib.Tokenizer) -> None:
+  """workdir/tokenizer/: the run's tokenizer files and what it is (backend, chat format, fingerprint), so the
+  run's checkpoints load with the tokenizer they were trained with. Process 0 writes, each file atomically."""
+  if jax.process_index() != 0:
+    return
+  directory_ = pathlib.Path(workdir) / TOKENIZER_DIR
+  directory_.mkdir(parents=True, exist_ok=True)
+  files = {**tokenizer.files(), TOKENIZER_RECORD: json.dumps(tokenizer.describe(), indent=1) + '\n'}
+  for name, content in files.items():
+    artifacts.write_atomically(directory_ / name, content)
+
+
+def load_tokenizer(path: str | pathlib.Path, chat_format: str = 'auto') -> tokenizer_lib.Tokenizer:
+  """The tokenizer a run directory (or its checkpoints/, or a step in it) recorded; the bundled one for a run
+  that recorded none (runs of the bundled models made before runs recorded their tokenizer)."""
+  directory_ = _workdir_of(pathlib.Path(path).absolute()) / TOKENIZER_DIR
+  if not (directory_ / TOKENIZER_RECORD).is_file():
+    return tokenizer_lib.default()
+  try:
+    recorded = json.loads((directory_ / TOKENIZER_RECORD).read_text(encoding='utf-8'))['chat_format']
+    tokenizer = tokenizer_lib.from_dir(directory_, recorded if chat_format == 'auto' else chat_format)
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise errors.InvalidFile(f'{directory_}: cannot read the run\'s tokenizer ({e})') from None
+  if tokenizer is None:
+    raise errors.InvalidFile(f'{directory_}: no tokenizer files beside {TOKENIZER_RECORD}')
+  return tokenizer
 
 
 def _names_a_stage(config_file: pathlib.Path) -> bool:

@@ -65,9 +65,11 @@ class Settings:
     return cls(**{k: (tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in dict(config).items()})
 
 
-def select(settings: Settings) -> list[Example]:
-  """The first `per_task_language` held-out examples of each (task, language): a fixed eval set."""
-  return prompts.prompt_set(settings.tasks, settings.split, seed=settings.seed, per_language=settings.per_task_language)
+def select(settings: Settings, tokenizer: Tokenizer | None = None) -> list[Example]:
+  """The first `per_task_language` held-out examples of each (task, language): a fixed eval set (NL2SQL
+  curation counts `tokenizer`'s tokens; None: the bundled one's)."""
+  return prompts.prompt_set(settings.tasks, settings.split, seed=settings.seed, per_language=settings.per_task_language,
+                            tokenizer=tokenizer)
 
 
 # ---- models: anything that turns examples into replies ---------------------------------------------
@@ -222,8 +224,8 @@ def hybrid_format_ok(thinking: str | None, response: str | None, verdict: reward
 def evaluate(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, settings: Settings = Settings(),
              examples: Sequence[Example] | None = None) -> dict[str, float]:
   """Every `eval/*` metric of the module docstring for one set of params, on `examples` (default:
-  `select(settings)`)."""
-  examples = select(settings) if examples is None else examples
+  `select(settings, tokenizer)`)."""
+  examples = select(settings, tokenizer) if examples is None else examples
   metrics = {}
   for mode in settings.modes:
     metrics.update(summarize(run_examples(model_config, params, tokenizer, examples, mode, settings), mode))

@@ -42,10 +42,12 @@ Tools = sampling.ToolFn | str | os.PathLike | Sequence['str | os.PathLike | None
 
 @dataclasses.dataclass
 class Model:
-  """A loaded model: architecture, params (a pytree of arrays) and tokenizer (None if unknown)."""
+  """A loaded model: architecture, params (a pytree of arrays), tokenizer (None if unknown) and the dtype its
+  float weights were stored in (`save_hf`'s default)."""
   config: model_lib.ModelConfig
   params: Any
   tokenizer: tokenizer_lib.Tokenizer | None = None
+  source_dtype: str | None = None
 
   def logits(self, token_ids: Any) -> jax.Array:
     """token_ids [B, T] int → logits [B, T, V] float32."""
@@ -70,8 +72,8 @@ class Model:
     max_new_tokens bounds each reply, tool turns included.
     """
     if self.tokenizer is None:
-      raise ValueError('this model has no luckystar tokenizer (its directory has no tokenizer.model with our chat '
-                       'tokens); copy luckystar/assets/tokenizer.model into it, or set model.tokenizer')
+      raise ValueError('this model has no tokenizer (its directory has neither tokenizer.json nor a tokenizer.model '
+                       'with our chat tokens); copy its tokenizer files into it, or set model.tokenizer')
     single = isinstance(prompts, str)
     texts = [prompts] if single else list(prompts)
     system_messages = [{'role': 'system', 'content': system}] if system is not None else []
@@ -91,11 +93,12 @@ class Model:
     stays float."""
     config, params = quant.convert(self.config, self.params, bits=bits, group_size=group_size,
                                    scale_dtype=scale_dtype)
-    return Model(config, params, self.tokenizer)
+    return Model(config, params, self.tokenizer, self.source_dtype)
 
-  def save_hf(self, path: str | os.PathLike, *, dtype: str = 'float32', quantization: str | None = None,
+  def save_hf(self, path: str | os.PathLike, *, dtype: str | None = None, quantization: str | None = None,
               group_size: int = 128) -> None:
-    """A transformers Cohere2 directory (config, safetensors in `dtype`; with a tokenizer, also
+    """A transformers Cohere2 directory (config, safetensors in `dtype`, default the dtype the model was loaded
+    from, else its param_dtype; with a tokenizer, also
     tokenizer.model, tokenizer.json + tokenizer_config.json carrying our chat template, so
     `AutoTokenizer` encodes and `apply_chat_template(messages, mode=...)` renders as we do, and a
     generation config); `luckystar.load(path)` reads it back.
@@ -107,6 +110,7 @@ class Model:
     converts with its own settings.
     """
     config, params = self.config, self.params
+    dtype = dtype or self.source_dtype or config.param_dtype
     if quantization not in (None, 'int4'):
       raise ValueError(f'quantization must be None or "int4", got {quantization!r}')
     if quantization is None and quant.is_served(config):
@@ -147,15 +151,12 @@ def _tool_fn(tools: Tools, num_prompts: int) -> sampling.ToolFn:
   return sampling.agent_tools(paths)
 
 
-def _dir_tokenizer(path: pathlib.Path) -> tokenizer_lib.Tokenizer | None:
-  """Our sentencepiece tokenizer if the directory carries one with our special tokens, else None."""
-  file = path / 'tokenizer.model'
-  if not file.is_file():
-    return None
+def _dir_tokenizer(path: pathlib.Path, chat_format: str) -> tokenizer_lib.Tokenizer | None:
+  """The tokenizer a transformers directory carries (`tokenizer.from_dir`), None if it has none."""
   try:
-    return tokenizer_lib.Tokenizer.from_file(file)
-  except (ValueError, RuntimeError, OSError):
-    return None  # some other model's sentencepiece file (e.g. without our chat tokens)
+    return tokenizer_lib.from_dir(path, chat_format)
+  except (ValueError, OSError) as e:   # names the directory and what its tokenizer lacks
+    raise errors.InvalidFile(str(e) if str(path) in str(e) else f'{path}: {e}') from None
 
 
 def _model_type_note(path: pathlib.Path) -> str:
@@ -166,11 +167,33 @@ def _model_type_note(path: pathlib.Path) -> str:
           f'not one of {hf.MODEL_TYPES}')
 
 
-def load(name_or_path: str | pathlib.Path, **config_overrides: Any) -> Model:
+def resolve(name_or_path: str | pathlib.Path) -> pathlib.Path:
+  """The directory of a bundled model name or a path; a MissingFile if there is none."""
+  path = BUNDLED_DIR / str(name_or_path) if str(name_or_path) in BUNDLED_MODELS else pathlib.Path(name_or_path)
+  if not path.exists():
+    raise errors.MissingFile(f'{path}: no such bundled model or directory; bundled models: {BUNDLED_MODELS}')
+  return path
+
+
+def open_hf(name_or_path: str | pathlib.Path, chat_format: str = 'auto', **config_overrides: Any
+            ) -> tuple[model_lib.ModelConfig, dict[str, hf.TensorHeader], tokenizer_lib.Tokenizer | None] | None:
+  """(config, tensor headers, tokenizer) of a float transformers directory, checked but with no tensor data
+  read (`hf.load_sharded` streams it onto a mesh); None for anything else (a run directory, an int4
+  checkpoint), which `load` reads whole."""
+  path = resolve(name_or_path)
+  if checkpoint.is_run_dir(path) or not hf.is_hf_dir(path):
+    return None
+  config, headers = hf.read_config(path, **config_overrides)
+  return None if quant.is_served(config) else (config, headers, _dir_tokenizer(path, chat_format))
+
+
+def load(name_or_path: str | pathlib.Path, chat_format: str = 'auto', **config_overrides: Any) -> Model:
   """A bundled model name (`tiny-sft`, ...), a luckystar run/checkpoint directory (its latest
   checkpoint's params), or a transformers Cohere2/Cohere directory, float or int4 (compressed-tensors
   pack-quantized, as `Model.save_hf(..., quantization="int4")` writes it: served from its int values).
 
+  The tokenizer is the one the directory carries (a run directory's recorded one), in `chat_format`
+  ('auto': detected from its special tokens; `luckystar.tokenizer.formats`).
   `config_overrides` replace ModelConfig fields, e.g. `param_dtype='bfloat16', dtype='bfloat16'`;
   params are cast to the resulting `param_dtype`.
 
@@ -179,20 +202,18 @@ def load(name_or_path: str | pathlib.Path, **config_overrides: Any) -> Model:
   config.json) is an `errors.InvalidFile` naming the file and the fault, raised before any tensor data is
   read where the headers tell. Both are `errors.UserError`s (and a FileNotFoundError / ValueError).
   """
-  path = pathlib.Path(name_or_path)
-  if str(name_or_path) in BUNDLED_MODELS:
-    path = BUNDLED_DIR / str(name_or_path)
-  if not path.exists():
-    raise errors.MissingFile(f'{path}: no such bundled model or directory; bundled models: {BUNDLED_MODELS}')
+  path = resolve(name_or_path)
   if checkpoint.is_run_dir(path):
     config, params = checkpoint.load_params(path)
-    config, tokenizer = config.replace(**config_overrides), tokenizer_lib.default()
+    config, tokenizer = config.replace(**config_overrides), checkpoint.load_tokenizer(path, chat_format)
+    source_dtype = config.param_dtype
   elif hf.is_hf_dir(path):
-    (config, params), tokenizer = hf.load_hf(path, **config_overrides), _dir_tokenizer(path)
+    (config, params), tokenizer = hf.load_hf(path, **config_overrides), _dir_tokenizer(path, chat_format)
+    source_dtype = hf.read_headers(path)[hf.EMBEDDING].dtype
   else:
     raise errors.InvalidFile(f'{path}: not a model directory luckystar can read (expected a transformers '
                              f'Cohere2/Cohere directory with config.json and safetensors, or a luckystar run '
                              f'directory){_model_type_note(path)}')
   # Int4 checkpoints keep their int values and scales as they are; everything else is param_dtype.
   params = quant.cast_float_params(params, config.param_dtype)
-  return Model(config, params, tokenizer)
+  return Model(config, params, tokenizer, source_dtype)

@@ -31,11 +31,12 @@ def prompt_set(tasks: Sequence[str], split: str, *, seed: int, where: Callable[[
                per_language: int = 0, tokenizer: Tokenizer | None = None, max_prompt_tokens: int = 0,
                modes: Sequence[str] = ('reasoning',)) -> list[Example]:
   """Examples of `tasks` in `split`, in suite order: those `where` keeps, the first `per_language` of each
-  (task, language) (0: all), then those whose prompt fits `max_prompt_tokens` in every mode (0: no limit)."""
+  (task, language) (0: all), then those whose prompt fits `max_prompt_tokens` in every mode (0: no limit).
+  `tokenizer` (the model's; None: the bundled one) counts the tokens."""
   chosen = []
   for task in tasks:
-    chosen += first_per_language((e for e in suites.load(task, split, seed=seed) if where is None or where(e)),
-                                 per_language)
+    chosen += first_per_language((e for e in suites.load(task, split, seed=seed, tokenizer=tokenizer)
+                                  if where is None or where(e)), per_language)
   if max_prompt_tokens:
     chosen = [e for e in chosen if fits(tokenizer, e, max_prompt_tokens, modes)]
   return chosen

@@ -20,9 +20,13 @@ import optax
 
 from luckystar import errors
 from luckystar import model
+from luckystar import tokenizer as tokenizer_lib
 from luckystar.model import sharding
+from luckystar.engine import checkpoint
 from luckystar.engine import loading
 from luckystar.engine import optim
+from luckystar.interop import hf
+from luckystar.tokenizer import formats
 
 RANDOM_INIT_PREFIX = 'random:'
 
@@ -43,19 +47,55 @@ def check_vocab(init_from: str, model_config: model.ModelConfig, tokenizer: Any)
                            f'fewer than the tokenizer\'s {tokenizer.vocab_size}')
 
 
-def initial_model(init_from: str, overrides: Any = None) -> tuple[model.ModelConfig, Any | None]:
-  """(model config, params) named by `config.init_from`, with `config.model_overrides` (ModelConfig
-  fields) replaced; params None means random init."""
+class Initial(NamedTuple):
+  model_config: model.ModelConfig
+  params: Any | None                         # None: random init, or streamed from `headers`
+  tokenizer: tokenizer_lib.Tokenizer | None  # None: the checkpoint carries none
+  headers: dict[str, hf.TensorHeader] | None = None   # a float transformers checkpoint to stream onto the mesh
+
+
+def initial_model(init_from: str, overrides: Any = None, chat_format: str = 'auto', *, stream: bool = False
+                  ) -> Initial:
+  """The model named by `config.init_from`, with `config.model_overrides` (ModelConfig fields) replaced, and
+  its tokenizer in `config.chat_format`: a checkpoint's own, the bundled one for 'random:<size>'. With
+  `stream`, a float transformers checkpoint is only opened (`headers`), for `start` to read onto its mesh."""
   overrides = dict(overrides or {})
   if unknown := set(overrides) - set(model.ModelConfig.__dataclass_fields__):
     raise errors.UserError(f'config.model_overrides names {sorted(unknown)}, which are not ModelConfig fields')
   if init_from.startswith(RANDOM_INIT_PREFIX):
+    if chat_format not in ('auto', formats.LUCKYSTAR.name):
+      raise errors.UserError(f'config.chat_format={chat_format!r}: config.init_from={init_from!r} uses the bundled '
+                             f'tokenizer, whose format is {formats.LUCKYSTAR.name!r}')
     try:
-      return model.get(init_from[len(RANDOM_INIT_PREFIX):], **overrides), None
+      return Initial(model.get(init_from[len(RANDOM_INIT_PREFIX):], **overrides), None, tokenizer_lib.default())
     except ValueError as e:
       raise errors.UserError(f'config.init_from={init_from!r}: {e}') from None
-  loaded = loading.load(init_from, **overrides)  # bundled name, run/checkpoint directory or transformers directory
-  return loaded.config, loaded.params
+  if stream and (opened := loading.open_hf(init_from, chat_format, **overrides)):
+    config, headers, tokenizer = opened
+    check_vocab(init_from, config, tokenizer)
+    return Initial(config, None, tokenizer, headers)
+  # A bundled name, a run/checkpoint directory or a transformers directory.
+  loaded = loading.load(init_from, chat_format=chat_format, **overrides)
+  check_vocab(init_from, loaded.config, loaded.tokenizer)
+  return Initial(loaded.config, loaded.params, loaded.tokenizer)
+
+
+def tokenizer_of(initial: Initial, init_from: str) -> tokenizer_lib.Tokenizer:
+  """The tokenizer of `initial`, or a UserError naming `config.init_from` when its checkpoint has none."""
+  if initial.tokenizer is None:
+    raise errors.UserError(f'config.init_from={init_from!r} has no tokenizer (neither tokenizer.json nor a '
+                           f'tokenizer.model with our chat tokens); copy its tokenizer files into it')
+  return initial.tokenizer
+
+
+def load_model(config) -> loading.Model:
+  """`config.init_from` as a `loading.Model` with its tokenizer, for stages that sample or score without
+  training; 'random:<size>' initialises from `config.seed` (an untrained model: for smoke tests only)."""
+  initial = initial_model(config.init_from, config.get('model_overrides'), config.get('chat_format', 'auto'))
+  params = initial.params
+  if params is None:
+    params = model.init(initial.model_config, jax.random.key(config.seed))
+  return loading.Model(initial.model_config, params, tokenizer_of(initial, config.init_from))
 
 
 def shardings(abstract_state: TrainState, optimizer: optax.GradientTransformation, param_shardings: Any,
@@ -111,14 +151,23 @@ class Start(NamedTuple):
   mesh: jax.sharding.Mesh
   optimizer: optax.GradientTransformation
   state: TrainState
+  tokenizer: tokenizer_lib.Tokenizer | None
 
 
-def start(config, tokenizer: Any, *, updates_per_step: int = 1) -> Start:
-  """What every training stage builds first: the model of `config.init_from` (its vocabulary checked
-  against `tokenizer`; None for token-only data), the mesh of `config.mesh`, the optimizer
-  (`optim.make`) and the sharded train state holding the initial params."""
-  model_config, params = initial_model(config.init_from, config.get('model_overrides'))
-  check_vocab(config.init_from, model_config, tokenizer)
+def start(config, workdir: Any, *, updates_per_step: int = 1, needs_tokenizer: bool = True) -> Start:
+  """What every training stage builds first: the model of `config.init_from` and its tokenizer (recorded in
+  `workdir`, so the run's checkpoints load with it; a checkpoint without one is an error unless the stage's
+  data are token ids, `needs_tokenizer=False`), the mesh of `config.mesh`, the optimizer (`optim.make`) and
+  the sharded train state holding the initial params."""
+  initial = initial_model(config.init_from, config.get('model_overrides'), config.get('chat_format', 'auto'),
+                          stream=True)
+  tokenizer = tokenizer_of(initial, config.init_from) if needs_tokenizer else initial.tokenizer
+  if tokenizer is not None:
+    checkpoint.save_tokenizer(workdir, tokenizer)
   mesh = sharding.make_mesh(dict(config.mesh))
+  model_config, params = model.pad_vocab(initial.model_config, initial.params, mesh.shape['tensor'])
+  if initial.headers is not None:   # each device reads its own block of the checkpoint
+    params = hf.load_sharded(model_config, initial.headers, model.param_shardings(model_config, mesh))
   optimizer = optim.make(config, updates_per_step)
-  return Start(model_config, mesh, optimizer, create(model_config, optimizer, mesh, seed=config.seed, params=params))
+  state = create(model_config, optimizer, mesh, seed=config.seed, params=params)
+  return Start(model_config, mesh, optimizer, state, tokenizer)

@@ -13,14 +13,13 @@ import math
 import os
 import pathlib
 import shutil
-import tempfile
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 import safetensors
 from safetensors import safe_open
-from safetensors.numpy import save_file
 
 from luckystar import errors
 from luckystar.interop import hf_tokenizer
@@ -35,6 +34,7 @@ MODEL_TYPES = ('cohere2', 'cohere')
 HF_DEFAULTS = {'logit_scale': 0.0625, 'sliding_window': 4096}
 _PACKED_SUFFIXES = ('weight_packed', 'weight_scale', 'weight_shape')  # compressed-tensors, per quantized Linear
 INDEX_FILE = 'model.safetensors.index.json'
+SAVE_DTYPES = ('float32', 'bfloat16', 'float16')
 
 # Sizes of HF tensor dimensions, by the config.json names that set them (the error for a shape that
 # disagrees with config.json names them).
@@ -59,7 +59,8 @@ _QK_NORM_TENSORS = (
     ('self_attn.q_norm.weight', ('self_attn', 'q_norm', 'weight'), 'vector', ('num_attention_heads', 'head_dim')),
     ('self_attn.k_norm.weight', ('self_attn', 'k_norm', 'weight'), 'vector', ('num_key_value_heads', 'head_dim')),
 )
-_GLOBAL_TENSORS = {'model.embed_tokens.weight': ('vocab_size', 'hidden_size'), 'model.norm.weight': ('hidden_size',)}
+EMBEDDING = 'model.embed_tokens.weight'
+_GLOBAL_TENSORS = {EMBEDDING: ('vocab_size', 'hidden_size'), 'model.norm.weight': ('hidden_size',)}
 
 # safetensors dtype → (numpy name, bytes per element), for the dtypes a Cohere checkpoint's tensors come in.
 _SAFETENSORS_DTYPES = {'F64': ('float64', 8), 'F32': ('float32', 4), 'F16': ('float16', 2), 'BF16': ('bfloat16', 2),
@@ -96,10 +97,12 @@ _IS = {
 
 
 class TensorHeader(NamedTuple):
-  """One tensor as a safetensors header describes it: where it is, its dtype (numpy name) and shape."""
+  """One tensor as a safetensors header describes it: where it is, its dtype (numpy name), shape, and the byte
+  offset of its data in the file (-1: not from a file)."""
   file: str
   dtype: str
   shape: tuple[int, ...]
+  offset: int = -1
 
 
 def read_json_object(file: str | pathlib.Path) -> dict[str, Any]:
@@ -206,25 +209,16 @@ def _layer_tensors(config: ModelConfig):
   return _LAYER_TENSORS + (_QK_NORM_TENSORS if config.use_qk_norm else ())
 
 
-def _to_ours(weight: np.ndarray, kind: str, path: tuple[str, ...], config: ModelConfig) -> np.ndarray:
+def _our_shape(shape: tuple[int, ...], kind: str, path: tuple[str, ...], config: ModelConfig) -> tuple[int, ...]:
+  """Our layout's shape of one layer's HF tensor of `shape` (`_hf_region`)."""
   if kind == 'vector':
-    return weight
+    return tuple(shape)
   if kind == 'linear':
-    return weight.T
+    return tuple(shape[::-1])
   heads = config.num_heads if path[1] in ('q_proj', 'o_proj') else config.num_kv_heads
-  if kind == 'in_proj':   # [heads·head_dim, embed] → [embed, heads, head_dim]
-    return weight.T.reshape(config.hidden_size, heads, config.head_dim)
-  return weight.T.reshape(heads, config.head_dim, config.hidden_size)  # out_proj: [embed, h·d] → [h, d, embed]
-
-
-def _to_hf(value: np.ndarray, kind: str) -> np.ndarray:
-  if kind == 'vector':
-    return value
-  if kind == 'linear':
-    return value.T
   if kind == 'in_proj':
-    return value.reshape(value.shape[0], -1).T
-  return value.reshape(-1, value.shape[-1]).T
+    return config.hidden_size, heads, config.head_dim
+  return heads, config.head_dim, config.hidden_size
 
 
 def expected_tensors(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...], str]]:
@@ -295,33 +289,81 @@ def params_from_hf(tensors: dict[str, np.ndarray], config: ModelConfig, path: st
         node[AQT_NAME] = {'qrhs': {'value': np.stack([v for v, _ in frozen]).astype(config.quant.value_dtype),
                                    'scale': np.stack([s for _, s in frozen])}}
         continue
-      node[ours[-1]] = np.stack([_to_ours(np.asarray(tensors[prefix + 'weight']), kind, ours, config)
-                                 for prefix in prefixes])
+      heads = config.num_heads if ours[1] in ('q_proj', 'o_proj') else config.num_kv_heads
+      whole = _whole(_our_shape(tensors[prefixes[0] + 'weight'].shape, kind, ours, config))
+      to_ours = _hf_region(kind, whole, heads, config.head_dim)[1]
+      node[ours[-1]] = np.stack([to_ours(np.asarray(tensors[prefix + 'weight'])) for prefix in prefixes])
     layers[f'layer_{i}'] = layer
-  return {'embedding': np.asarray(tensors['model.embed_tokens.weight']), 'layers': layers,
+  return {'embedding': np.asarray(tensors[EMBEDDING]), 'layers': layers,
           'norm': {'weight': np.asarray(tensors['model.norm.weight'])}}
 
 
-def params_to_hf(params: Any, config: ModelConfig) -> dict[str, np.ndarray]:
-  """HF tensor names → numpy arrays (inverse of `params_from_hf`)."""
-  params = jax.tree.map(np.asarray, params)
+def _host(value: Any) -> np.ndarray:
+  """`value` as numpy on this process; an array spread over processes is all-gathered first (a collective: every
+  process calls it, in the same order)."""
+  if isinstance(value, jax.Array) and not value.is_fully_addressable:
+    return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+  return np.asarray(value)
+
+
+def _whole(shape: tuple[int, ...]) -> tuple[slice, ...]:
+  return tuple(slice(0, n) for n in shape)
+
+
+def _own_blocks(leaf: Any) -> Iterator[tuple[tuple[slice, ...], np.ndarray]]:
+  """(index, block) of each distinct block of `leaf` this process holds (replica 0 of each shard), or the whole
+  of a host array: what this process writes of it, with no gathering."""
+  if not isinstance(leaf, jax.Array):
+    leaf = np.asarray(leaf)
+    yield _whole(leaf.shape), leaf
+    return
+  for shard in leaf.addressable_shards:
+    if shard.replica_id == 0:
+      yield tuple(slice(*i.indices(n)[:2]) for i, n in zip(shard.index, leaf.shape)), np.asarray(shard.data)
+
+
+Block = tuple[str, tuple[slice, ...], np.ndarray]   # HF tensor name, its region, the values there
+
+
+def hf_blocks(params: Any, config: ModelConfig) -> Iterator[Block]:
+  """This process's share of every HF tensor of `params`, as (name, region, values) blocks in HF layout: a
+  device's shard of a leaf, one layer at a time (host params: whole tensors). Int4 Linears are packed from
+  whole layers, gathered (a collective) and yielded by process 0."""
   period = config.layer_period
-  out = {'model.embed_tokens.weight': params['embedding'], 'model.norm.weight': params['norm']['weight']}
+  for (rows, columns), block in _own_blocks(params['embedding']):
+    if (end := min(rows.stop, config.vocab_size)) > rows.start:   # padding rows are not exported
+      yield EMBEDDING, (slice(rows.start, end), columns), block[:end - rows.start]
+  for index, block in _own_blocks(params['norm']['weight']):
+    yield 'model.norm.weight', index, block
   for i in range(period):
     for hf_name, ours, kind, _ in _layer_tensors(config):
       node = params['layers'][f'layer_{i}']
       for key in ours[:-1]:
         node = node[key]
+      heads = config.num_heads if ours[1] in ('q_proj', 'o_proj') else config.num_kv_heads
       if is_served(config) and kind != 'vector':  # AQT's frozen int values + scales → compressed-tensors
         frozen = node[AQT_NAME]['qrhs']
-        for g, (value, scale) in enumerate(zip(frozen['value'], frozen['scale'])):
+        for g in range(config.num_layers // period):
           prefix = f'model.layers.{g * period + i}.{hf_name.removesuffix("weight")}'
-          packed = compressed.to_hf(value, scale, config.quant, jax.numpy.dtype(config.quant.scale_dtype))
-          out.update({prefix + suffix: tensor for suffix, tensor in packed.items()})
+          tensors = compressed.to_hf(_host(frozen['value'][g]), _host(frozen['scale'][g]), config.quant,
+                                     jax.numpy.dtype(config.quant.scale_dtype))
+          if jax.process_index() == 0:
+            yield from ((prefix + suffix, _whole(t.shape), t) for suffix, t in tensors.items())
         continue
-      for g, value in enumerate(node[ours[-1]]):
-        out[f'model.layers.{g * period + i}.{hf_name}'] = np.ascontiguousarray(_to_hf(value, kind))
-  return out
+      for (groups, *index), block in _own_blocks(node[ours[-1]]):
+        region, _, to_hf = _hf_region(kind, tuple(index), heads, config.head_dim)
+        for g in range(groups.start, groups.stop):
+          yield f'model.layers.{g * period + i}.{hf_name}', region, to_hf(block[g - groups.start])
+
+
+def params_to_hf(params: Any, config: ModelConfig) -> dict[str, np.ndarray]:
+  """HF tensor names → numpy arrays (inverse of `params_from_hf`), all in host memory; `save_hf` streams them."""
+  shapes, tensors = {name: e[0] for name, e in expected_tensors(config).items()}, {}
+  for name, region, block in hf_blocks(params, config):
+    if name not in tensors:
+      tensors[name] = np.empty(shapes[name], block.dtype)
+    tensors[name][region] = block
+  return tensors
 
 
 def _indexed_file(directory: pathlib.Path, name: str, index: pathlib.Path) -> pathlib.Path:
@@ -374,7 +416,7 @@ def _read_header(file: pathlib.Path) -> dict[str, TensorHeader]:
     if not (isinstance(begin, int) and isinstance(end, int)) or end - begin != math.prod(shape) * itemsize:
       raise errors.InvalidFile(f'{file}: tensor {name} ({dtype} {list(shape)}) has data_offsets {[begin, end]}, '
                                f'which do not span its {math.prod(shape) * itemsize} bytes')
-    tensors[name], data_end = TensorHeader(str(file), numpy_name, shape), max(data_end, end)
+    tensors[name], data_end = TensorHeader(str(file), numpy_name, shape, 8 + length + begin), max(data_end, end)
   if data_end != size - 8 - length:
     problem = 'truncated' if data_end > size - 8 - length else 'longer than its header says'
     raise errors.InvalidFile(f'{file}: {problem}: its header lists {data_end} bytes of tensor data, but '
@@ -429,10 +471,10 @@ def read_safetensors(path: str | pathlib.Path) -> dict[str, np.ndarray]:
   return _read_tensors(read_headers(path))
 
 
-def load_hf(path: str | pathlib.Path, **config_overrides: Any) -> tuple[ModelConfig, dict]:
-  """(config, params) from a transformers Cohere2/Cohere directory; params keep the file's dtype.
-  config.json, the index and every tensor's shape and dtype are checked against each other before any
-  tensor data is read; a mismatch is an InvalidFile naming the file and what disagrees."""
+def read_config(path: str | pathlib.Path, **config_overrides: Any) -> tuple[ModelConfig, dict[str, TensorHeader]]:
+  """(config, tensor headers) of a transformers Cohere2/Cohere directory, no tensor data read: config.json, the
+  index and every tensor's shape and dtype are checked against each other; a mismatch is an InvalidFile
+  naming the file and what disagrees."""
   path = pathlib.Path(path)
   config_file = path / 'config.json'
   if not config_file.is_file():
@@ -453,48 +495,208 @@ def load_hf(path: str | pathlib.Path, **config_overrides: Any) -> tuple[ModelCon
     config_overrides = {'quant': quant_settings, **config_overrides}
   config = config_from_hf(hf_config, str(config_file), **config_overrides)
   check_tensors(headers, config, str(path), str(config_file))  # before any tensor data is read
+  return config, headers
+
+
+def load_hf(path: str | pathlib.Path, **config_overrides: Any) -> tuple[ModelConfig, dict]:
+  """(config, params) from a transformers Cohere2/Cohere directory, in host memory; params keep the file's
+  dtype. Checked first as `read_config` checks it. `load_sharded` reads straight onto devices instead."""
+  config, headers = read_config(path, **config_overrides)
   return config, params_from_hf(_read_tensors(headers), config, str(path))
 
 
+# ---- streaming: each device reads its own block of each tensor -----------------------------------------------
+
+
+def read_block(tensor: TensorHeader, index: tuple[slice, ...]) -> np.ndarray:
+  """Block `index` of one tensor, copied out of a memory map of its file: only that block's bytes are read."""
+  array = np.memmap(tensor.file, dtype=jax.numpy.dtype(tensor.dtype), mode='r', offset=tensor.offset,
+                    shape=tensor.shape)
+  return np.array(array[index])
+
+
+def _hf_region(kind: str, index: tuple[slice, ...], heads: int, head_dim: int
+               ) -> tuple[tuple[slice, ...], Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]:
+  """Where block `index` of our layout of an HF Linear or vector lies in the HF tensor: (its region,
+  HF values there → our block, our block → HF values there). A region spans whole heads (head_dim is never
+  split, `luckystar.model.sharding`)."""
+  if kind == 'vector':
+    return index, lambda a: a, lambda b: b
+  if kind == 'linear':   # ours [in, out] ↔ HF [out, in]
+    return index[::-1], lambda a: a.T, lambda b: b.T
+  if kind == 'in_proj':   # ours [embed, heads, head_dim] ↔ HF [heads·head_dim, embed]
+    embed, head, dim = index
+  else:                  # out_proj: ours [heads, head_dim, embed] ↔ HF [embed, heads·head_dim]
+    head, dim, embed = index
+  first, last, _ = head.indices(heads)
+  if dim.indices(head_dim)[:2] != (0, head_dim):
+    raise ValueError(f'a block of {dim} of head_dim {head_dim}: head_dim must not be split')
+  rows, count = slice(first * head_dim, last * head_dim), last - first
+  if kind == 'in_proj':
+    return ((rows, embed), lambda a: a.reshape(count, head_dim, -1).transpose(2, 0, 1),
+            lambda b: b.reshape(b.shape[0], -1).T)
+  return ((embed, rows), lambda a: a.reshape(a.shape[0], count, head_dim).transpose(1, 2, 0),
+          lambda b: b.reshape(-1, b.shape[-1]).T)
+
+
+def load_sharded(config: ModelConfig, headers: Mapping[str, TensorHeader], shardings: Any) -> dict:
+  """Our params from a float checkpoint's tensors (`read_config`), each leaf made by
+  `jax.make_array_from_callback` in its sharding: every device reads only its block of the file, cast to
+  `config.param_dtype`, so the model is never assembled in one host's memory. Embedding rows past the
+  vocabulary (`config.vocab_padding`) are zeros."""
+  if is_served(config):
+    raise ValueError('load_sharded reads float checkpoints; an int4 one loads through load_hf')
+  dtype = jax.numpy.dtype(config.param_dtype)
+  period, groups = config.layer_period, config.num_layers // config.layer_period
+
+  def leaf(shape, sharding, block):
+    return jax.make_array_from_callback(shape, sharding, lambda index: block(index).astype(dtype))
+
+  def embedding_block(index):
+    rows, columns = index
+    first, last, _ = rows.indices(config.embedding_rows)
+    real = read_block(headers[EMBEDDING], (slice(first, min(last, config.vocab_size)), columns))
+    return np.concatenate([real, np.zeros((last - first - real.shape[0], real.shape[1]), real.dtype)])
+
+  def layer_block(i, hf_name, kind, ours):
+    heads = config.num_heads if ours[1] in ('q_proj', 'o_proj') else config.num_kv_heads
+    def block(index):
+      region, to_ours, _ = _hf_region(kind, index[1:], heads, config.head_dim)
+      return np.stack([to_ours(read_block(headers[f'model.layers.{g * period + i}.{hf_name}'], region))
+                       for g in range(*index[0].indices(groups))])
+    return block
+
+  params = {'embedding': leaf((config.embedding_rows, config.hidden_size), shardings['embedding'], embedding_block),
+            'norm': {'weight': leaf((config.hidden_size,), shardings['norm']['weight'],
+                                    lambda index: read_block(headers['model.norm.weight'], index))},
+            'layers': {}}
+  for i in range(period):
+    layer = params['layers'][f'layer_{i}'] = {}
+    for hf_name, ours, kind, _ in _layer_tensors(config):
+      node, node_shardings = layer, shardings['layers'][f'layer_{i}']
+      for key in ours[:-1]:
+        node, node_shardings = node.setdefault(key, {}), node_shardings[key]
+      sharding = node_shardings[ours[-1]]
+      node[ours[-1]] = leaf((groups, *_our_shape(headers[f'model.layers.{i}.{hf_name}'].shape, kind, ours, config)),
+                            sharding, layer_block(i, hf_name, kind, ours))
+  return params
+
+
+
+
+_SAFETENSORS_NAMES = {numpy_name: name for name, (numpy_name, _) in _SAFETENSORS_DTYPES.items()}
+MAX_SHARD_BYTES = 5 << 30   # transformers' default shard size
+
+
+def _write_shards(directory: pathlib.Path, blocks: Iterator[Block], dtypes: Mapping[str, str],
+                  shapes: Mapping[str, tuple[int, ...]], max_shard_bytes: int) -> None:
+  """Every tensor of `shapes` as safetensors files of at most `max_shard_bytes` each (one tensor per file at
+  least), with model.safetensors.index.json when there is more than one. Process 0 writes each file's header
+  and sizes it (every shape and dtype is known up front); then every process writes its own `blocks`
+  (`hf_blocks`) in place through a memory map, one block in memory at a time and nothing gathered. The
+  processes must share `directory`."""
+  names = list(shapes)
+  sizes = {name: math.prod(shapes[name]) * jax.numpy.dtype(dtypes[name]).itemsize for name in names}
+  shards, used = [[]], 0
+  for name in names:
+    if shards[-1] and used + sizes[name] > max_shard_bytes:
+      shards.append([])
+      used = 0
+    shards[-1].append(name)
+    used += sizes[name]
+  files = (['model.safetensors'] if len(shards) == 1 else
+           [f'model-{k + 1:05d}-of-{len(shards):05d}.safetensors' for k in range(len(shards))])
+  where = {}   # name → (file, absolute offset of its data)
+  for k, shard in enumerate(shards):
+    header, offset = {'__metadata__': {'format': 'pt'}}, 0
+    for name in shard:
+      header[name] = {'dtype': _SAFETENSORS_NAMES[dtypes[name]], 'shape': list(shapes[name]),
+                      'data_offsets': [offset, offset + sizes[name]]}
+      offset += sizes[name]
+    text = json.dumps(header, separators=(',', ':')).encode()
+    text += b' ' * (-len(text) % 8)   # data 8-byte aligned, as safetensors writes it
+    where |= {name: (directory / files[k], 8 + len(text) + header[name]['data_offsets'][0]) for name in shard}
+    if jax.process_index() == 0:
+      with open(directory / files[k], 'wb') as f:
+        f.write(len(text).to_bytes(8, 'little') + text)
+        f.truncate(8 + len(text) + offset)
+      (directory / files[k]).chmod(0o644)
+  _barrier(f'{directory} headers')
+  for name, region, block in blocks:
+    file, offset = where[name]
+    if sizes[name]:
+      target = np.memmap(file, jax.numpy.dtype(dtypes[name]), mode='r+', offset=offset, shape=shapes[name])
+      target[region] = block
+      target.flush()
+      del target
+  if len(shards) > 1 and jax.process_index() == 0:
+    index = {'metadata': {'total_size': sum(sizes.values())}, 'weight_map': {n: files[k] for k, shard in
+                                                                             enumerate(shards) for n in shard}}
+    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + '\n')
+
+
 def save_hf(path: str | pathlib.Path, config: ModelConfig, params: Any, *, dtype: str = 'bfloat16',
-            tokenizer: Tokenizer | None = None, extra_files: dict[str, str] | None = None) -> None:
+            tokenizer: Tokenizer | None = None, extra_files: dict[str, str] | None = None,
+            max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
   """Writes a transformers directory: config.json and model.safetensors in `dtype` ('float32' or
-  'bfloat16'); with `tokenizer`, also its tokenizer.model, the transformers tokenizer files with our
-  chat template (`hf_tokenizer.tokenizer_files`: AutoTokenizer encodes and renders as we do) and a
+  'bfloat16'); with `tokenizer`, also its files (our tokenizer.model with the transformers tokenizer files
+  and our chat template, `hf_tokenizer.tokenizer_files`: AutoTokenizer encodes and renders as we do; a
+  checkpoint's own tokenizer.json and tokenizer_config.json as they came) and a
   generation_config.json that stops at EOS, end of turn or end of action (a tool call, for the caller to
   run); and any `extra_files` (name → text).
   An int4-served config (luckystar.quant.convert) writes its Linears as compressed-tensors
   pack-quantized tensors (scales in `config.quant.scale_dtype`) and the rest in `dtype`.
-  Written to a temporary sibling and renamed, so `path` is complete or absent."""
-  if dtype not in ('float32', 'bfloat16'):
-    raise ValueError(f'dtype must be "float32" or "bfloat16", got {dtype!r}')
+  Weights stream out into safetensors shards of at most `max_shard_bytes` (`_write_shards`): each process
+  writes the blocks of the params it holds, nothing gathered (int4 Linears: a layer at a time), into a
+  directory every process sees; every process must call this. Written to a temporary sibling and renamed,
+  so `path` is complete or absent."""
+  if dtype not in SAVE_DTYPES:
+    raise ValueError(f'dtype must be one of {SAVE_DTYPES}, got {dtype!r}')
   path = pathlib.Path(path)
   if path.exists():
     raise FileExistsError(f'{path}: exists; remove it or choose another directory')
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = pathlib.Path(tempfile.mkdtemp(prefix=f'.{path.name}.', dir=path.parent))
-  tmp.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary, shareable directory
+  tmp = path.with_name(f'.{path.name}.partial')   # one name on every process: they write into it together
+  if jax.process_index() == 0:
+    shutil.rmtree(tmp, ignore_errors=True)   # left by a save that was killed
+    tmp.mkdir()
+  _barrier(f'save_hf {path} start')
   try:
-    # Float tensors in `dtype`; compressed-tensors' packed ints, shapes and scales as they come.
-    tensors = {name: value if name.endswith(_PACKED_SUFFIXES) else np.asarray(value).astype(jax.numpy.dtype(dtype))
-               for name, value in params_to_hf(params, config).items()}
-    save_file(tensors, str(tmp / 'model.safetensors'), metadata={'format': 'pt'})
-    (tmp / 'model.safetensors').chmod(0o644)
+    # Float tensors in `dtype`; compressed-tensors' packed ints, shapes and scales in their own dtypes.
+    expected = expected_tensors(config)
+    scale_dtype = config.quant.scale_dtype if is_served(config) else dtype
+    dtypes = {name: {'float': scale_dtype if name.endswith('weight_scale') else dtype, 'packed': 'int32',
+                     'shape': 'int64'}[kind] for name, (_, _, kind) in expected.items()}
+    _write_shards(tmp, hf_blocks(params, config), dtypes, {name: e[0] for name, e in expected.items()},
+                  max_shard_bytes)
+    _barrier(f'save_hf {path} weights')
+    if jax.process_index() != 0:
+      return
     hf_config = config_to_hf(config, dtype)
     if tokenizer is not None:  # else transformers' Cohere defaults (ids of Cohere's own 256k vocabulary)
       hf_config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
     (tmp / 'config.json').write_text(json.dumps(hf_config, indent=2) + '\n')
     if tokenizer is not None:
-      (tmp / 'tokenizer.model').write_bytes(tokenizer.model_proto)
-      for name, text in hf_tokenizer.tokenizer_files(tokenizer, config.max_position_embeddings).items():
-        (tmp / name).write_text(text)
+      files = tokenizer.files()
+      if tokenizer.codec.backend == 'sentencepiece':   # and the transformers files that read as it does
+        files.update(hf_tokenizer.tokenizer_files(tokenizer, config.max_position_embeddings))
+      for name, content in files.items():   # a checkpoint's own tokenizer files go out as they came in
+        (tmp / name).write_bytes(content if isinstance(content, bytes) else content.encode())
       # END_ACTION too: a transformers/vLLM server hands a tool call back instead of generating its result.
-      stops = [tokenizer.eos_id, tokenizer.end_of_turn_id, tokenizer.end_of_action_id]
+      stops = list(dict.fromkeys([tokenizer.eos_id, tokenizer.end_of_turn_id, tokenizer.end_of_action_id]))
       generation = {'bos_token_id': tokenizer.bos_id, 'eos_token_id': stops, 'pad_token_id': tokenizer.pad_id}
       (tmp / 'generation_config.json').write_text(json.dumps(generation, indent=2) + '\n')
     for name, text in (extra_files or {}).items():
       (tmp / name).write_text(text)
     os.replace(tmp, path)
   except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
+    if jax.process_index() == 0:
+      shutil.rmtree(tmp, ignore_errors=True)
     raise
+  finally:
+    _barrier(f'save_hf {path} done')
+
+
+def _barrier(name: str) -> None:
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)

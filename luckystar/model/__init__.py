@@ -14,7 +14,7 @@ from luckystar.model.config import FULL, SIZES, SLIDING, ModelConfig, get, patte
 
 __all__ = ['Decoder', 'ModelConfig', 'SIZES', 'SLIDING', 'FULL', 'get', 'pattern_layer_types', 'sharding',
            'init', 'abstract_params', 'param_count', 'apply', 'init_sharded', 'init_cache', 'cache_logical_axes',
-           'cache_shardings', 'decode', 'prefill']
+           'cache_shardings', 'decode', 'prefill', 'pad_vocab']
 
 
 def _dummy_tokens() -> jax.Array:
@@ -43,6 +43,18 @@ def param_shardings(config: ModelConfig, mesh: jax.sharding.Mesh) -> dict[str, A
 def init_sharded(config: ModelConfig, rng: jax.Array, mesh: jax.sharding.Mesh) -> dict[str, Any]:
   """Random params created directly in their sharded layout (nothing full-size on one device)."""
   return jax.jit(functools.partial(init, config), out_shardings=param_shardings(config, mesh))(rng)
+
+
+def pad_vocab(config: ModelConfig, params: Any | None, multiple: int) -> tuple[ModelConfig, Any | None]:
+  """(config, params) whose embedding has a multiple of `multiple` rows (the mesh's 'tensor' size, so that
+  the vocabulary shards): zero rows after the vocabulary, replacing any earlier padding. Logits and exports
+  hold only the vocabulary's rows."""
+  padded = config.replace(vocab_padding=-config.vocab_size % multiple)
+  if params is None or padded.vocab_padding == config.vocab_padding:
+    return padded, params
+  embedding = np.asarray(jax.device_get(params['embedding']))[:config.vocab_size]
+  rows = np.zeros((padded.vocab_padding, embedding.shape[1]), embedding.dtype)
+  return padded, {**params, 'embedding': np.concatenate([embedding, rows])}
 
 
 def apply(config: ModelConfig, params: Any, tokens: jax.Array, positions: jax.Array | None = None,

@@ -340,13 +340,14 @@ class Decoder(nn.Module):
 
   def _embedding(self) -> Array:
     cfg = self.config
-    return self.param('embedding', _init(('vocab', 'embed')), (cfg.vocab_size, cfg.hidden_size), cfg.param_dtype)
+    return self.param('embedding', _init(('vocab', 'embed')), (cfg.embedding_rows, cfg.hidden_size), cfg.param_dtype)
 
   def _logits(self, x: Array, embedding: Array) -> Array:
     cfg = self.config
     x = LayerNorm(cfg.layer_norm_eps, cfg.param_dtype, name='norm')(x)
     logits = jnp.einsum('bte,ve->btv', x, embedding.astype(cfg.dtype), preferred_element_type=jnp.float32)
-    return constrain(logits * cfg.logit_scale, ('batch', 'length', 'act_vocab'))
+    logits = constrain(logits * cfg.logit_scale, ('batch', 'length', 'act_vocab'))
+    return logits[..., :cfg.vocab_size] if cfg.vocab_padding else logits   # padding rows are never a token
 
   def _extend(self, tokens: Array, cache: dict[str, Any], last_only: bool) -> tuple[Array, dict[str, Any]]:
     """Appends tokens [B, T] at columns cache['index'].. of every row; (logits, new cache)."""

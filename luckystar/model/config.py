@@ -17,7 +17,7 @@ class ModelConfig:
   `Cohere2Config.layer_types`. Cohere v1 (`CohereForCausalLM`) is the special
   case `rope_on_full_layers=True`, all layers full, optional QK-norm.
   """
-  vocab_size: int
+  vocab_size: int                     # the tokenizer's ids: what logits and exports hold
   hidden_size: int
   intermediate_size: int
   num_layers: int
@@ -38,6 +38,9 @@ class ModelConfig:
   # Weight-only int quantization of the dense layers through AQT: a luckystar.quant.QuantSettings
   # (mode train / convert / serve), or None for float kernels.
   quant: Any = None
+  # Zero embedding rows after the vocabulary so that it splits over the mesh's 'tensor' axis
+  # (`model.pad_vocab`); never in logits or exports.
+  vocab_padding: int = 0
 
   def __post_init__(self):
     # Lists arrive from JSON and ml_collections; keep the dataclass hashable.
@@ -55,6 +58,10 @@ class ModelConfig:
       raise ValueError(f'remat_policy {self.remat_policy!r} is not one of {REMAT_POLICY_NAMES}')
     if self.head_dim % 2:
       raise ValueError(f'head_dim {self.head_dim} must be even for RoPE')
+
+  @property
+  def embedding_rows(self) -> int:
+    return self.vocab_size + self.vocab_padding
 
   @property
   def head_dim(self) -> int:

@@ -79,7 +79,6 @@ import tqdm
 
 from luckystar import errors
 from luckystar import model
-from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations, pipeline
 from luckystar.data.examples import Example
 from luckystar.engine import artifacts, evals, logprobs, loop, optim, prompts, rollouts
@@ -303,11 +302,12 @@ def pair_kind(mode: str, chosen_length: int, scored: rollouts.Scored, settings: 
   return None
 
 
-def pairs_fingerprint(config) -> dict[str, Any]:
+def pairs_fingerprint(config, tokenizer: Tokenizer) -> dict[str, Any]:
   """What the built pairs depend on; pairs built under another fingerprint are stale."""
   settings = config.dpo
   return {
-      'init_from': config.init_from, 'seed': config.seed, 'sampling': dict(config.sampling),
+      'init_from': config.init_from, 'tokenizer': tokenizer.fingerprint, 'seed': config.seed,
+      'sampling': dict(config.sampling),
       'direct_format': DIRECT_FORMAT,
       **({'model_overrides': dict(config.model_overrides)} if config.model_overrides else {}),  # another policy
       **{key: settings[key] for key in ('chosen', 'tasks', 'modes', 'anchor_modes', 'anchor_tasks',
@@ -328,7 +328,8 @@ def record(config, example: Example, *, kind: str, mode: str, index: int, prompt
   chosen = sample if chosen is None else chosen
   return {
       'example_id': example.id, 'task': example.task, 'language': example.language, 'kind': kind, 'mode': mode,
-      'policy': config.init_from, 'sampling': dict(config.sampling), 'sample_index': index,
+      'policy': config.init_from, 'tokenizer': tokenizer.fingerprint, 'sampling': dict(config.sampling),
+      'sample_index': index,
       'prompt_length': len(prompt), 'chosen_length': chosen['length'], 'rejected_length': sample['length'],
       'rejected_correct': scored.verdict.correct, 'rejected_stop_reason': rollout.stop_reason,
       'chosen_text': chosen['text'], 'rejected_text': sample['text'],
@@ -408,9 +409,10 @@ def summarize_pairs(pairs: Sequence[Mapping[str, Any]], counts: Mapping[str, int
       for key, members in sorted(groups.items())}}
 
 
-def read_pairs(path: pathlib.Path) -> list[dict[str, Any]]:
+def read_pairs(path: pathlib.Path, tokenizer: Tokenizer) -> list[dict[str, Any]]:
   """A pair file (one JSON object per line with chosen_/rejected_ tokens and loss_mask); a malformed
-  line is a UserError naming file:line."""
+  line, or one of another tokenizer (its `tokenizer` fingerprint, `Tokenizer.made`), is a UserError
+  naming file:line."""
   try:
     lines = path.read_text(encoding='utf-8').splitlines()
   except FileNotFoundError:
@@ -429,6 +431,11 @@ def read_pairs(path: pathlib.Path) -> list[dict[str, Any]]:
             or not any(mask[1:])):
           raise ValueError(f'{side}_tokens must be token ids and {side}_loss_mask as many 0/1 values with a 1 '
                            'after the first token')
+        if max(tokens) >= tokenizer.vocab_size:
+          raise ValueError(f'{side}_tokens holds ids at or above the tokenizer\'s {tokenizer.vocab_size}')
+      if not tokenizer.made(record.get('tokenizer')):
+        raise ValueError(f'its tokens are of tokenizer {record.get("tokenizer")}, not of config.init_from\'s '
+                         f'({tokenizer.fingerprint}); build the pairs again with this tokenizer')
     except (ValueError, KeyError, TypeError) as e:  # json.JSONDecodeError is a ValueError
       reason = f'missing field {e}' if isinstance(e, KeyError) else str(e)
       raise errors.UserError(f'{path}:{number}: not a DPO pair ({reason}); expected a line of '
@@ -444,7 +451,7 @@ def load_or_build_pairs(config, workdir: pathlib.Path, model_config: model.Model
   """`config.dpo.pairs_file` if set; else the workdir's pairs (`artifacts.load_or_build` under
   `pairs_fingerprint`), built now on the first run."""
   if config.dpo.pairs_file:
-    pairs = read_pairs(pathlib.Path(config.dpo.pairs_file))
+    pairs = read_pairs(pathlib.Path(config.dpo.pairs_file), tokenizer)
     logging.info('DPO pairs: %d from %s (config.dpo.pairs_file)', len(pairs), config.dpo.pairs_file)
     return pairs
   built = []
@@ -464,8 +471,8 @@ def load_or_build_pairs(config, workdir: pathlib.Path, model_config: model.Model
     built.extend(pairs)
     return summary, {PAIRS_FILE: ''.join(json.dumps(p, ensure_ascii=False) + '\n' for p in pairs)}
 
-  artifacts.load_or_build(workdir, PAIRS_SUMMARY, pairs_fingerprint(config), build, what='DPO pairs')
-  return built or read_pairs(workdir / PAIRS_FILE)
+  artifacts.load_or_build(workdir, PAIRS_SUMMARY, pairs_fingerprint(config, tokenizer), build, what='DPO pairs')
+  return built or read_pairs(workdir / PAIRS_FILE, tokenizer)
 
 
 # ---- reference log-probs -------------------------------------------------------------------------------
@@ -534,8 +541,7 @@ def run(config, workdir: str) -> None:
     return
   workdir = pathlib.Path(workdir)
   settings = config.dpo
-  tokenizer = tokenizer_lib.default()
-  model_config, mesh, optimizer, state = state_lib.start(config, tokenizer)
+  model_config, mesh, optimizer, state, tokenizer = state_lib.start(config, workdir)
 
   # The starting params, before a resumed run restores its checkpoint: the policy that samples and the reference.
   pairs = load_or_build_pairs(config, workdir, model_config, state.params, tokenizer)

@@ -31,16 +31,14 @@ import math
 import pathlib
 from typing import Any, Sequence
 
-import jax
 import numpy as np
 import tqdm
 
 from luckystar import errors
-from luckystar import model as model_lib
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import bfcl, champ, instruction_following, loaders
 from luckystar.data.examples import Example
-from luckystar.engine import evals, loading, prompts
+from luckystar.engine import evals, prompts
 from luckystar.engine import metrics as metrics_lib
 from luckystar.engine import state as state_lib
 from luckystar.rewards import reward
@@ -98,11 +96,13 @@ class SuiteUnavailable(Exception):
 
 # ---- suites ----------------------------------------------------------------------------------
 
-def suite_examples(name: str, settings: Settings) -> list[Example]:
-  """The fixed eval set of one suite (first N of each held-out source). Raises SuiteUnavailable."""
+def suite_examples(name: str, settings: Settings, tokenizer: tokenizer_lib.Tokenizer | None = None) -> list[Example]:
+  """The fixed eval set of one suite (first N of each held-out source; NL2SQL curation counts `tokenizer`'s
+  tokens, None: the bundled one's). Raises SuiteUnavailable."""
   per_language = settings.per_suite_language
   if name in ('math', 'nl2sql', 'korean_mc', 'chat'):
-    examples = prompts.prompt_set((name,), 'heldout', seed=settings.seed, per_language=per_language)
+    examples = prompts.prompt_set((name,), 'heldout', seed=settings.seed, per_language=per_language,
+                                  tokenizer=tokenizer)
     if name == 'korean_mc' and settings.kobalt_file:
       examples += loaders.load_kobalt_jsonl(settings.kobalt_file)[:per_language]
     return examples
@@ -176,7 +176,7 @@ def evaluate(respond: evals.Respond, tokenizer: tokenizer_lib.Tokenizer, setting
   plan, skipped = [], {}
   for name in settings.suites:
     try:
-      candidates = suite_examples(name, settings)
+      candidates = suite_examples(name, settings, tokenizer)
     except SuiteUnavailable as e:
       skipped[name] = str(e)
       continue
@@ -324,12 +324,8 @@ def write(workdir: str | pathlib.Path, results: dict[str, Any]) -> None:
 
 def run(config, workdir: str) -> None:
   settings = Settings.from_config(config.eval)
-  if config.init_from.startswith(state_lib.RANDOM_INIT_PREFIX):  # a smoke test of the stage
-    model_config, _ = state_lib.initial_model(config.init_from)
-    loaded = loading.Model(model_config, model_lib.init(model_config, jax.random.key(config.seed)))
-  else:
-    loaded = loading.load(config.init_from)
-  tokenizer = loaded.tokenizer or tokenizer_lib.default()
+  loaded = state_lib.load_model(config)
+  tokenizer = loaded.tokenizer
   respond = evals.model_respond(loaded.config, loaded.params, tokenizer, settings)
   results = {'init_from': config.init_from, 'settings': dataclasses.asdict(settings),
              **evaluate(respond, tokenizer, settings)}

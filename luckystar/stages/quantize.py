@@ -20,10 +20,8 @@ import jax
 import numpy as np
 
 from luckystar import errors
-from luckystar import model as model_lib
-from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations
-from luckystar.engine import evals, loading, logprobs
+from luckystar.engine import evals, logprobs
 from luckystar.engine import metrics as metrics_lib
 from luckystar.engine import state as state_lib
 from luckystar.model import sharding
@@ -58,13 +56,8 @@ def heldout_metrics(model_config, params, batches) -> dict[str, float]:
 
 def run(config, workdir: str) -> None:
   settings = config.quantize
-  if config.init_from.startswith(state_lib.RANDOM_INIT_PREFIX):  # a smoke test of the stage
-    model_config, _ = state_lib.initial_model(config.init_from)
-    float_model = loading.Model(model_config, model_lib.init(model_config, jax.random.key(config.seed)))
-  else:
-    float_model = loading.load(config.init_from)
-  # the model's own tokenizer (its directory's tokenizer.model), else the bundled one
-  tokenizer = float_model.tokenizer = float_model.tokenizer or tokenizer_lib.default()
+  float_model = state_lib.load_model(config)
+  tokenizer = float_model.tokenizer
   try:
     int4_model = float_model.quantize(group_size=settings.group_size, scale_dtype=settings.scale_dtype,
                                       bits=settings.bits)

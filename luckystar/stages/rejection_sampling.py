@@ -15,7 +15,8 @@ Each prompt is rendered in reasoning mode and sampled `samples_per_prompt` times
 `config.sampling`, the NL2SQL rows running their SQL in the sandbox. Writes, in `workdir`:
 
   rs_traces.jsonl  one kept trace per line: example_id, task, language, sample_index, teacher
-                   (config.init_from), mode ('reasoning'), tokens and loss_mask — the whole
+                   (config.init_from), mode ('reasoning'), tokenizer (its fingerprint: SFT refuses
+                   the traces under another tokenizer), tokens and loss_mask — the whole
                    conversation, prompt included, as `Tokenizer.render` lays it out (loss on the
                    teacher's tokens only; prompt and tool results 0)
   rs_stats.json    per task/language and overall: pass@1, pass@N, prompts with ≥ 1 kept trace, kept
@@ -39,9 +40,7 @@ import jax
 import numpy as np
 
 from luckystar import errors
-from luckystar import model
 from luckystar import sampling
-from luckystar import tokenizer as tokenizer_lib
 from luckystar.data.examples import TASKS, Example, rs_only
 from luckystar.engine import artifacts, prompts, rollouts
 from luckystar.engine import metrics as metrics_lib
@@ -62,9 +61,10 @@ LANGUAGE_FILTER = ('thinking_not_english', 'response_not_korean')   # Korean pro
 # ---- prompts ---------------------------------------------------------------------------------------
 
 
-def rs_prompts(config) -> list[Example]:
+def rs_prompts(config, tokenizer: Tokenizer | None = None) -> list[Example]:
   """The rejection-sampling prompts of `config.rejection_sampling` (see the module docstring), in
-  suite order; train split only, and only `rs_only` ones, so never an RLVR, held-out or teacher prompt."""
+  suite order; train split only, and only `rs_only` ones, so never an RLVR, held-out or teacher prompt.
+  `tokenizer`: the teacher's (NL2SQL curation counts tokens; None: the bundled one)."""
   settings = config.rejection_sampling
   if unknown := [task for task in settings.tasks if task not in TASKS]:
     raise errors.UserError(f'config.rejection_sampling.tasks names {unknown}; tasks are {TASKS}')
@@ -72,7 +72,8 @@ def rs_prompts(config) -> list[Example]:
   def wanted(example: Example) -> bool:
     return rs_only(example, config.seed) and (example.task != 'math' or (
         example.difficulty in settings.math_difficulties and example.language in settings.math_languages))
-  per_task = [prompts.prompt_set((task,), 'train', seed=config.seed, where=wanted) for task in settings.tasks]
+  per_task = [prompts.prompt_set((task,), 'train', seed=config.seed, where=wanted, tokenizer=tokenizer)
+              for task in settings.tasks]
   return [e for examples in per_task for e in examples[:settings.max_prompts or None]]
 
 
@@ -203,20 +204,12 @@ def report(stats: dict[str, Any]) -> str:
 def settings_of(config) -> dict[str, Any]:
   """Everything the output depends on; a finished workdir made with other settings is not reused."""
   settings = config.rejection_sampling
-  return {'init_from': config.init_from, 'seed': config.seed, 'sampling': dict(config.sampling),
+  return {'init_from': config.init_from, 'chat_format': config.get('chat_format', 'auto'), 'seed': config.seed,
+          'sampling': dict(config.sampling),
           'tasks': list(settings.tasks), 'math_difficulties': list(settings.math_difficulties),
           'math_languages': list(settings.math_languages), 'max_prompts': settings.max_prompts,
           'samples_per_prompt': settings.samples_per_prompt, 'max_tool_turns': settings.max_tool_turns,
           'max_tool_result_tokens': settings.max_tool_result_tokens}
-
-
-def load_teacher(config) -> tuple[model.ModelConfig, Any]:
-  """(model config, params) of `config.init_from`; 'random:<size>' initialises from `config.seed`
-  (an untrained teacher: for smoke tests only)."""
-  model_config, params = state_lib.initial_model(config.init_from, config.get('model_overrides'))
-  if params is None:
-    params = model.init(model_config, jax.random.key(config.seed))
-  return model_config, params
 
 
 def run(config, workdir: str) -> None:
@@ -245,14 +238,13 @@ def print_summary(workdir: pathlib.Path, stats: dict[str, Any], *, samples: int,
 def sample(config) -> tuple[dict[str, Any], artifacts.Files]:
   """(stats, {traces, report}): every prompt sampled and its traces kept or dropped (module docstring)."""
   settings = config.rejection_sampling
-  examples = rs_prompts(config)
+  teacher = state_lib.load_model(config)
+  model_config, params, tokenizer = teacher.config, teacher.params, teacher.tokenizer
+  examples = rs_prompts(config, tokenizer)
   if not examples:
     raise errors.UserError(f'config.rejection_sampling selects no prompts (tasks={list(settings.tasks)}, '
                            f'math_difficulties={list(settings.math_difficulties)}, '
                            f'math_languages={list(settings.math_languages)})')
-  model_config, params = load_teacher(config)
-  tokenizer = tokenizer_lib.default()
-  state_lib.check_vocab(config.init_from, model_config, tokenizer)
   samples = settings.samples_per_prompt
   logging.info('rejection sampling: %d prompts × %d samples from %r', len(examples), samples, config.init_from)
   traces, results, started = [], [], time.time()
@@ -270,8 +262,8 @@ def sample(config) -> tuple[dict[str, Any], artifacts.Files]:
       if decision == KEPT:
         tokens, mask = trace_features(tokenizer, prompt_ids, scored.rollout)
         traces.append({'example_id': example.id, 'task': example.task, 'language': example.language,
-                       'sample_index': index, 'teacher': config.init_from, 'mode': MODE, 'tokens': tokens,
-                       'loss_mask': mask})
+                       'sample_index': index, 'teacher': config.init_from, 'mode': MODE,
+                       'tokenizer': tokenizer.fingerprint, 'tokens': tokens, 'loss_mask': mask})
   stats = {'groups': summarize(results), 'seconds': round(time.time() - started, 1)}
   return stats, {TRACES_FILE: ''.join(json.dumps(t, ensure_ascii=False) + '\n' for t in traces),
                  REPORT_FILE: report({'fingerprint': settings_of(config), **stats})}

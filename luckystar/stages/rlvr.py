@@ -31,7 +31,6 @@ import numpy as np
 
 from luckystar import errors
 from luckystar import model
-from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import pipeline, sources
 from luckystar.data.examples import Example, rs_only
 from luckystar.engine import artifacts, evals, logprobs, loop, optim, prompts, rollouts
@@ -198,7 +197,8 @@ def prompt_pool(settings: Any, split: str, tokenizer: Tokenizer, *, seed: int) -
   keep = (lambda e: not rs_only(e, seed)) if split == 'train' else None
   pool = []
   for task in settings.tasks:
-    pool += prompts.prompt_set((task,), split, seed=seed, where=keep) + [e for e in extra if e.task == task]
+    pool += (prompts.prompt_set((task,), split, seed=seed, where=keep, tokenizer=tokenizer)
+             + [e for e in extra if e.task == task])
   return [e for e in pool if prompts.fits(tokenizer, e, settings.max_prompt_tokens)]
 
 
@@ -210,10 +210,11 @@ def rollout_options(config) -> dict[str, Any]:
               drop_overlong=settings.drop_overlong)
 
 
-def _fingerprint(config) -> dict:
+def _fingerprint(config, tokenizer: Tokenizer) -> dict:
   """What prompt selection depends on; a cached selection with another fingerprint is stale."""
   settings = config.rlvr
-  fingerprint = {'init_from': config.init_from, 'seed': config.seed, 'tasks': list(settings.tasks),
+  fingerprint = {'init_from': config.init_from, 'tokenizer': tokenizer.fingerprint, 'seed': config.seed,
+                 'tasks': list(settings.tasks),
                  'max_prompt_tokens': settings.max_prompt_tokens,
                  'selection_prompts': artifacts.plain(settings.selection_prompts),
                  'selection_samples': settings.selection_samples, 'pass_rate': list(settings.select_pass_rate),
@@ -274,7 +275,8 @@ def select_prompts(config, workdir: pathlib.Path, model_config: model.ModelConfi
                  len(candidates), low, high, summary)
     return {'pass_rates': rates, 'kept': kept, 'summary': summary}, {}
 
-  record = artifacts.load_or_build(workdir, SELECTION_FILE, _fingerprint(config), build, what='prompt selection')
+  record = artifacts.load_or_build(workdir, SELECTION_FILE, _fingerprint(config, tokenizer), build,
+                                   what='prompt selection')
   if not record['kept']:
     raise errors.UserError(
         f'prompt selection kept no prompt: none of {len(record["pass_rates"])} had a pass rate in [{low}, {high}] '
@@ -343,7 +345,8 @@ def eval_pool(config, tokenizer: Tokenizer, pool: Sequence[Example]) -> list[Exa
   settings = config.rlvr
   if check_eval_split(config) == 'heldout':
     return prompt_pool(settings, 'heldout', tokenizer, seed=config.seed)
-  rs = prompts.prompt_set(settings.tasks, 'train', seed=config.seed, where=lambda e: rs_only(e, config.seed))
+  rs = prompts.prompt_set(settings.tasks, 'train', seed=config.seed, where=lambda e: rs_only(e, config.seed),
+                          tokenizer=tokenizer)
   rs_answers = {(e.task, e.answer) for e in rs}
   extra = {e.id for e in _extra_prompts(settings, config.seed)}
   return [e for e in pool if (e.task, e.answer) not in rs_answers and e.id not in extra]
@@ -391,8 +394,8 @@ def run(config, workdir: str) -> None:
   check_config(config)
   workdir = pathlib.Path(workdir)
   settings = config.rlvr
-  tokenizer = tokenizer_lib.default()
-  model_config, mesh, optimizer, state = state_lib.start(config, tokenizer, updates_per_step=settings.updates_per_batch)
+  model_config, mesh, optimizer, state, tokenizer = state_lib.start(
+      config, workdir, updates_per_step=settings.updates_per_batch)
 
   pool = prompt_pool(settings, 'train', tokenizer, seed=config.seed)
   heldout = None

@@ -77,7 +77,7 @@ def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vo
     if (thinking := config.sft.get('thinking_language', 'en')) not in ('en', 'ko'):
       raise errors.UserError(f'config.sft.thinking_language={thinking!r}; expected "en" or "ko"')
     rs_traces = config.sft.get('rs_traces', '')
-    extra = (conversations.read_rs_traces(rs_traces, vocab_size=tokenizer.vocab_size)
+    extra = (conversations.read_rs_traces(rs_traces, tokenizer)
              if rs_traces and split == 'train' else ())  # RS prompts are train prompts: never in eval
     # The traces join 'reasoning' (sampled like any reasoning conversation), or, when config.sft.mixture names
     # an 'rs' source, are that source with its own weight (a few hundred traces among ~8000 conversations).
@@ -147,8 +147,8 @@ def run(config, workdir: str) -> None:
   if loop.is_finished(config, workdir):
     loop.finish_without_training(config, workdir, summary_keys=SUMMARY_KEYS)
     return
-  tokenizer = tokenizer_lib.default() if config.sft.data != 'synthetic' else None
-  model_config, mesh, optimizer, state = state_lib.start(config, tokenizer)
+  model_config, mesh, optimizer, state, tokenizer = state_lib.start(
+      config, workdir, needs_tokenizer=config.sft.data != 'synthetic')
   loss = functools.partial(logprobs.token_cross_entropy, model_config=model_config)
   update_fn = step_lib.make_update_fn(
       loss, optimizer, step_lib.state_shardings_of(state), mesh=mesh,

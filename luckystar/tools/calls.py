@@ -46,15 +46,17 @@ def _reject_constant(name: str):
   raise ValueError(f'{name} is not JSON')
 
 
-def _is_call(obj) -> bool:
-  return (isinstance(obj, dict) and obj.keys() == _CALL_KEYS and isinstance(obj['tool_name'], str)
+def _is_call(obj, extra_keys: tuple[str, ...]) -> bool:
+  return (isinstance(obj, dict) and obj.keys() == _CALL_KEYS | set(extra_keys)
+          and all(isinstance(obj[key], str) for key in extra_keys) and isinstance(obj['tool_name'], str)
           and bool(obj['tool_name'].strip()) and isinstance(obj['parameters'], dict))
 
 
-def parse_calls(action_text: str) -> list[dict] | None:
+def parse_calls(action_text: str, extra_keys: tuple[str, ...] = ()) -> list[dict] | None:
   """Action-section text → its calls, or None when the text breaks the format (module docstring).
 
-  None is a format error; the caller scores it wrong and counts it in its metrics.
+  None is a format error; the caller scores it wrong and counts it in its metrics. `extra_keys`: string
+  keys every call must also have (a chat format's own, e.g. Cohere's "tool_call_id").
   """
   if not isinstance(action_text, str) or len(action_text) > MAX_ACTION_CHARS:
     return None
@@ -66,6 +68,6 @@ def parse_calls(action_text: str) -> list[dict] | None:
   except (ValueError, RecursionError):
     return None
   calls = parsed if isinstance(parsed, list) else [parsed]
-  if not calls or not all(_is_call(call) for call in calls):
+  if not calls or not all(_is_call(call, extra_keys) for call in calls):
     return None
   return calls

@@ -1,0 +1,266 @@
+"""Tokenizers and chat formats (DESIGN §4): a `Tokenizer` is a text codec (`codecs`: the bundled
+sentencepiece model, or a transformers `tokenizer.json`) plus a chat format (`formats`: ours, or
+Cohere's as Command R7B and Command A use it).
+
+A conversation renders to token ids plus a loss mask (1 on the tokens the assistant generates, 0
+elsewhere); a generated turn parses back into its sections; the stop ids come from the format. Special
+tokens are never produced from text, so a user who types "<|END_OF_TURN|>" gets ordinary text tokens,
+not a turn boundary.
+
+Retrain the bundled model (deterministic, ~1 min; the corpus is the task suites, `luckystar.data.corpus`):
+
+    python -m luckystar.data.corpus --output=luckystar/assets/tokenizer.model
+"""
+
+import functools
+import hashlib
+import io
+import pathlib
+from typing import Iterable, Sequence
+
+import sentencepiece as spm
+
+from luckystar.tokenizer import codecs
+from luckystar.tokenizer import formats
+from luckystar.tokenizer.formats import AssistantTurn, ChatFormat  # noqa: F401  (the public names)
+
+DEFAULT_PATH = pathlib.Path(__file__).parents[1] / 'assets' / 'tokenizer.model'
+VOCAB_SIZE = 8000
+
+PAD, UNK, BOS, EOS = '<pad>', '<unk>', '<s>', '</s>'
+# Our format's tokens, as the bundled sentencepiece model holds them.
+START_OF_TURN, END_OF_TURN = formats.LUCKYSTAR.start_of_turn, formats.LUCKYSTAR.end_of_turn
+ROLE_TOKENS = dict(formats.LUCKYSTAR.roles)
+SECTION_TOKENS = dict(formats.LUCKYSTAR.sections)   # section → (start, end); an assistant turn holds them in order
+SPECIAL_TOKENS = formats.LUCKYSTAR.special_tokens
+
+PREAMBLES = {
+    'reasoning': ('You are LuckyStar, a bilingual Korean and English assistant. Reasoning mode: think step by '
+                  'step in English, then answer in the language of the user.'),
+    'concise': ('You are LuckyStar, a bilingual Korean and English assistant. Concise mode: answer directly '
+                'and briefly, in the language of the user.'),
+}
+MODES = tuple(PREAMBLES)
+
+Codec = codecs.SentencePiece | codecs.Tokenizers
+
+
+class Tokenizer:
+  """A codec and a chat format. Ids are Python ints; arrays are the caller's business."""
+
+  def __init__(self, codec: Codec, chat_format: str | ChatFormat = 'auto'):
+    self.codec = codec
+    has_token = lambda token: codec.token_id(token) is not None
+    self.format = (chat_format if isinstance(chat_format, ChatFormat)
+                   else formats.resolve(chat_format, has_token))
+    if missing := [token for token in self.format.special_tokens if not has_token(token)]:
+      raise ValueError(f'the tokenizer lacks {missing}, which the {self.format.name} chat format needs')
+    self.special_ids = {token: codec.token_id(token) for token in self.format.special_tokens}
+    self._special_id_set = frozenset(self.special_ids.values())
+    sections = self.format.sections
+    self._section_by_start = {self.special_ids[start]: name for name, (start, _) in sections.items()}
+    self._section_end = {name: self.special_ids[end] for name, (_, end) in sections.items()}
+
+  @classmethod
+  def from_sentencepiece(cls, model_proto: bytes) -> 'Tokenizer':
+    """A sentencepiece model with our chat tokens, in our format."""
+    try:
+      return cls(codecs.SentencePiece(model_proto), formats.LUCKYSTAR)
+    except ValueError as e:
+      raise ValueError(f'{e}; retrain it with `python -m luckystar.data.corpus`') from None
+
+  @classmethod
+  def from_file(cls, path: str | pathlib.Path = DEFAULT_PATH) -> 'Tokenizer':
+    """`from_sentencepiece` of a model file."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+      raise FileNotFoundError(f'{path}: no tokenizer model; build it with `python -m luckystar.data.corpus`')
+    return cls.from_sentencepiece(path.read_bytes())
+
+  @property
+  def vocab_size(self) -> int:
+    return self.codec.vocab_size
+
+  pad_id = property(lambda self: self.codec.pad_id)
+  bos_id = property(lambda self: self.codec.bos_id)
+  eos_id = property(lambda self: self.codec.eos_id)
+  end_of_turn_id = property(lambda self: self.special_ids[self.format.end_of_turn])
+  end_of_action_id = property(lambda self: self.special_ids[self.format.sections['action'][1]])
+  stop_ids = property(lambda self: (self.end_of_turn_id, self.end_of_action_id))
+  sp = property(lambda self: self.codec.sp)                    # sentencepiece backend only
+  model_proto = property(lambda self: self.codec.model_proto)  # sentencepiece backend only
+
+  def files(self) -> dict[str, str | bytes]:
+    """The codec's files, as a transformers directory holds them."""
+    return self.codec.files()
+
+  @functools.cached_property
+  def fingerprint(self) -> str:
+    """The identity of the ids this tokenizer makes: its files and its chat format."""
+    digest = hashlib.sha256(self.format.name.encode())
+    for name, content in sorted(self.files().items()):
+      digest.update(name.encode() + b'\0' + (content if isinstance(content, bytes) else content.encode()) + b'\0')
+    return digest.hexdigest()[:16]
+
+  def made(self, recorded: str | None) -> bool:
+    """Whether token ids an artifact recorded with tokenizer fingerprint `recorded` are this tokenizer's ids
+    (None: a file from before artifacts recorded their tokenizer, made by the bundled one)."""
+    return recorded == self.fingerprint or (recorded is None and self.fingerprint == _bundled_fingerprint())
+
+  def describe(self) -> dict[str, str | int]:
+    """What a run directory records about its tokenizer."""
+    return {'backend': self.codec.backend, 'chat_format': self.format.name, 'vocab_size': self.vocab_size,
+            'fingerprint': self.fingerprint}
+
+  def encode(self, text: str) -> list[int]:
+    """Plain text → ids; never yields special tokens."""
+    return self.codec.encode(text)
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Ids → text; special tokens decode to nothing."""
+    return self.codec.decode([i for i in map(int, ids) if i not in self._special_id_set])
+
+  # ---- the chat format ---------------------------------------------------------------------------
+
+  def _turn(self, role: str, body: list[int]) -> list[int]:
+    return [self.special_ids[self.format.start_of_turn], self.special_ids[self.format.roles[role]], *body,
+            self.special_ids[self.format.end_of_turn]]
+
+  def _assistant_body(self, message: dict) -> list[int]:
+    if not any(message.get(name) is not None for name in formats.SECTIONS):
+      raise ValueError(f'assistant message has none of the sections {list(formats.SECTIONS)}: {message}')
+    body = []
+    for name in formats.SECTIONS:
+      if (text := message.get(name)) is not None:
+        start, end = self.format.sections[name]
+        text = self.format.write_action(text) if name == 'action' else text
+        body += [self.special_ids[start], *self.encode(text), self.special_ids[end]]
+    return body
+
+  def tool_result_ids(self, result: str, max_tokens: int | None = None) -> tuple[list[int], str]:
+    """(ids of a tool turn's body holding `result`, the result's text as the model reads it): the result is cut
+    to `max_tokens` tokens of its own first, then written as the format writes tool results."""
+    ids = self.encode(result)
+    if max_tokens is not None:
+      ids = ids[:max_tokens]
+    text = self.decode(ids)
+    if self.format.tool_result is None:
+      return ids, text
+    start, end = self.format.tool_result
+    return [self.special_ids[start], *self.encode(self.format.tool_result_text(text)), self.special_ids[end]], text
+
+  def tool_round_trip(self, body: Sequence[int]) -> list[int]:
+    """What follows a generated END_ACTION when the tool answers with `body` (`tool_result_ids`): the rest of
+    the assistant turn as `render` closes it, the tool turn, and the next generation prompt; the one place it
+    is built, so rollouts splice exactly what `render` lays out."""
+    return [self.end_of_turn_id, *self._turn(self.format.tool_role, list(body)), *self.generation_prompt()]
+
+  def render(self, messages: Sequence[dict], mode: str, add_generation_prompt: bool = False
+             ) -> tuple[list[int], list[int]]:
+    """Conversation → (ids, loss_mask).
+
+    messages: dicts with `role` in system/user/assistant/tool; assistant messages carry `thinking` /
+    `action` / `response` (any of them), the others `content`. One BOS opens the ids; the mode's preamble
+    opens the system turn (a system message's content follows it). loss_mask is 1 on every assistant
+    token after the turn header, END_OF_TURN included, and 0 elsewhere.
+    """
+    if mode not in PREAMBLES:
+      raise ValueError(f'unknown mode {mode!r}; expected one of {MODES}')
+    system = [m['content'] for m in messages if m['role'] == 'system']
+    if len(system) > 1 or (system and messages[0]['role'] != 'system'):
+      raise ValueError('at most one system message, and only as the first message')
+    ids = [self.bos_id, *self._turn('system', self.encode('\n\n'.join([PREAMBLES[mode], *system])))]
+    mask = [0] * len(ids)
+    for message in messages[len(system):]:
+      role = message['role']
+      if role == 'assistant':
+        turn = self._turn(role, self._assistant_body(message))
+        mask += [0, 0] + [1] * (len(turn) - 2)
+      elif role == 'user':
+        turn = self._turn(role, self.encode(message['content']))
+        mask += [0] * len(turn)
+      elif role == 'tool':
+        turn = self._turn(self.format.tool_role, self.tool_result_ids(message['content'])[0])
+        mask += [0] * len(turn)
+      else:
+        raise ValueError(f'unknown or misplaced role {role!r} in {message}')
+      ids += turn
+    if add_generation_prompt:
+      header = self.generation_prompt()
+      ids, mask = ids + header, mask + [0] * len(header)
+    return ids, mask
+
+  def generation_prompt(self) -> list[int]:
+    return [self.special_ids[self.format.start_of_turn], self.special_ids[self.format.roles['assistant']]]
+
+  def parse_assistant(self, ids: Sequence[int]) -> AssistantTurn:
+    """Generated ids after the generation prompt → sections. Unclosed sections keep their text;
+    text outside any section is ignored (a format error that verifiers see as a missing section)."""
+    sections: dict[str, list[int]] = {}
+    current, ended = None, False
+    for token in map(int, ids):
+      if token == self.end_of_turn_id:
+        ended = True
+        break
+      if current is None and token in self._section_by_start:
+        current = self._section_by_start[token]
+        sections[current] = []
+      elif current is not None and token == self._section_end[current]:
+        if current == 'action':
+          ended = True  # a tool call ends generation until the tool answers
+        current = None
+      elif current is not None:
+        sections[current].append(token)
+    texts = {name: self.decode(body) for name, body in sections.items()}
+    if 'action' in texts:
+      texts['action'] = self.format.read_action(texts['action'])
+    return AssistantTurn(**texts, ended=ended)
+
+
+def default() -> Tokenizer:
+  """The bundled tokenizer."""
+  return Tokenizer.from_file(DEFAULT_PATH)
+
+
+@functools.cache
+def _bundled_fingerprint() -> str:
+  return default().fingerprint
+
+
+def from_dir(path: str | pathlib.Path, chat_format: str = 'auto') -> Tokenizer | None:
+  """The tokenizer a model directory carries, None if it has none: our sentencepiece `tokenizer.model` (with
+  our chat tokens) first, else a transformers `tokenizer.json` (+ `tokenizer_config.json`) in `chat_format`
+  ('auto': detected from its special tokens). A tokenizer.json that lacks the format's tokens is a
+  ValueError naming them."""
+  path = pathlib.Path(path)
+  model = path / 'tokenizer.model'
+  if model.is_file() and chat_format in ('auto', formats.LUCKYSTAR.name):
+    try:
+      return Tokenizer.from_sentencepiece(model.read_bytes())
+    except (ValueError, RuntimeError):
+      pass  # another model's sentencepiece file (e.g. Cohere's own): its tokenizer.json speaks for it
+  if (path / 'tokenizer.json').is_file():
+    try:
+      return Tokenizer(codecs.Tokenizers.from_dir(path), chat_format)
+    except ValueError as e:
+      raise ValueError(f'{path}: {e}') from None
+  return None   # no tokenizer, or only another model's sentencepiece file
+
+
+# Every printable ASCII character gets its own piece (math and SQL need `+ * [ ]` even if the corpus
+# rarely shows them); anything else outside the corpus falls back to UTF-8 bytes.
+_REQUIRED_CHARS = ''.join(chr(c) for c in range(33, 127))
+
+
+def train(lines: Iterable[str], vocab_size: int = VOCAB_SIZE) -> bytes:
+  """A byte-fallback BPE model over `lines` with our special tokens; identity normalisation and kept
+  whitespace so that decode(encode(text)) == text exactly."""
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size, model_type='bpe',
+      byte_fallback=True, character_coverage=1.0, required_chars=_REQUIRED_CHARS, normalization_rule_name='identity',
+      add_dummy_prefix=False, remove_extra_whitespaces=False, split_digits=True,
+      allow_whitespace_only_pieces=True, user_defined_symbols=['\n'], control_symbols=list(SPECIAL_TOKENS),
+      pad_id=0, unk_id=1, bos_id=2, eos_id=3, pad_piece=PAD, unk_piece=UNK, bos_piece=BOS, eos_piece=EOS,
+      num_threads=1, minloglevel=2)
+  return model.getvalue()

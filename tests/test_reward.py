@@ -111,14 +111,13 @@ def test_unscorable_gold_gives_no_reward_and_the_judge_is_asked():
   turn = AssistantTurn(response='The answer is 1/2.', ended=True)
   verdict = reward.score(example, turn)
   assert verdict.correct is None and verdict.reward is None
-  calls = []
-
-  def judge(question, reference, candidate, *, criterion):
-    calls.append((question, reference, candidate, criterion))
-    return True
-
+  # The library's own judge (a stub model behind it): it refuses a criterion it has no template for.
+  from luckystar.rewards import judge as judge_lib
+  prompts = []
+  judge = judge_lib.ModelJudge(lambda prompt: prompts.append(prompt) or 'YES')
   verdict = reward.score(example, turn, judge=judge)
-  assert verdict.correct is True and verdict.judged and len(calls) == 1
+  assert verdict.correct is True and verdict.judged and len(prompts) == 1
+  assert judge_lib.CRITERIA['equivalent'] in prompts[0] and 'The answer is 1/2.' in prompts[0]
 
 
 @pytest.fixture(scope='module')

@@ -96,7 +96,7 @@ def score(example: Example, turn: AssistantTurn, actions: Sequence[str] = (), *,
   if well_formed:
     correct = is_correct(example, turn, actions, db_path=db_path, timeout_s=timeout_s)
     if correct is None and judge is not None:
-      correct = judge(example.prompt, example.answer, turn.response or '', criterion='same final answer')
+      correct = judge(example.prompt, example.answer, turn.response or '', criterion='equivalent')
       judged = correct is not None
   reward = None if correct is None else float(correct) - language_penalty * float(mismatch)
   return Verdict(correct=correct, format_ok=well_formed, language_mismatch=mismatch, reward=reward, judged=judged)

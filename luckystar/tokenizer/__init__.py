@@ -50,11 +50,7 @@ class Tokenizer:
 
   def __init__(self, codec: Codec, chat_format: str | ChatFormat = 'auto'):
     self.codec = codec
-    has_token = lambda token: codec.token_id(token) is not None
-    self.format = (chat_format if isinstance(chat_format, ChatFormat)
-                   else formats.resolve(chat_format, has_token))
-    if missing := [token for token in self.format.special_tokens if not has_token(token)]:
-      raise ValueError(f'the tokenizer lacks {missing}, which the {self.format.name} chat format needs')
+    self.format = formats.resolve(chat_format, lambda token: codec.token_id(token) is not None)
     self.special_ids = {token: codec.token_id(token) for token in self.format.special_tokens}
     self._special_id_set = frozenset(self.special_ids.values())
     sections = self.format.sections

@@ -97,19 +97,22 @@ FORMATS = {f.name: f for f in (LUCKYSTAR, COHERE)}
 CHOICES = ('auto', *FORMATS)
 
 
-def resolve(chat_format: str, has_token: Callable[[str], bool]) -> ChatFormat:
-  """The format named by `chat_format` ('auto': the one whose turn tokens the tokenizer has), checked to have
+def resolve(chat_format: 'str | ChatFormat', has_token: Callable[[str], bool]) -> ChatFormat:
+  """The format `chat_format` names, or is ('auto': the one whose turn tokens the tokenizer has), checked to have
   every special token it needs; a ValueError naming the missing tokens otherwise."""
-  if chat_format not in CHOICES:
+  if not isinstance(chat_format, ChatFormat) and chat_format not in CHOICES:
     raise ValueError(f'unknown chat_format {chat_format!r}; expected one of {CHOICES}')
-  if chat_format == 'auto':
+  if isinstance(chat_format, ChatFormat):
+    chosen = chat_format
+  elif chat_format == 'auto':
     found = [f for f in FORMATS.values() if has_token(f.start_of_turn) and has_token(f.roles['assistant'])]
     if not found:
       raise ValueError('the tokenizer has the turn tokens of no chat format luckystar knows: '
                        + '; '.join(f'{f.name} needs {f.start_of_turn} and {f.roles["assistant"]}'
                                    for f in FORMATS.values()))
-    chat_format = found[0].name
-  chosen = FORMATS[chat_format]
+    chosen = found[0]
+  else:
+    chosen = FORMATS[chat_format]
   if missing := [token for token in chosen.special_tokens if not has_token(token)]:
     hint = (' (a Cohere v1 checkpoint such as Command R has no thinking, action and tool-result tokens; use a '
             'Command R7B / Command A tokenizer)' if chosen is COHERE else '')

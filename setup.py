@@ -1,7 +1,7 @@
 """luckystar: the LuckyStar 111B recipe in one small JAX codebase.
 
 Install (CPU torch wheel first, so pip never pulls a CUDA build):
-    pip install torch==2.13.0 && pip install -e ".[test,torch]"
+    pip install torch==2.13.0 && pip install -e ".[test,torch,serve]"
 """
 
 import setuptools
@@ -43,5 +43,8 @@ setuptools.setup(
                  'ipykernel>=6', 'champ-dataset>=1.0'],   # CHAMP competition math for the eval stage (MIT)
         # torch stays a range that the local CPU wheel torch==2.13.0 satisfies.
         'torch': ['torch>=2.4,<2.15', 'transformers>=5,<6', 'compressed-tensors>=0.20'],
+        # `python -m luckystar.serve` (tested: fastapi 0.165, starlette 1.10, uvicorn 0.55); httpx2 is the client
+        # that Starlette's TestClient runs on (tests/test_serve.py, docs/serving.md).
+        'serve': ['fastapi>=0.165,<1', 'uvicorn>=0.30,<1', 'httpx2>=2,<3'],
     },
 )

@@ -58,7 +58,9 @@ def get_config(arg=None):
       label_smoothing=0.0,               # ε: cDPO for 'sigmoid', rDPO's flip rate for 'robust'
       sft_weight=2.0,                    # + weight · the chosen reply's per-token NLL (RPO): lifts it
       # Pairs: the policy's own verbose / wrong-language replies vs. verified reference replies.
-      pairs_file='',                     # a dpo_pairs.jsonl made elsewhere; '' = build them in the workdir
+      # Preference data, FORMAT:PATH[@WEIGHT] items (docs/data.md): preference_jsonl (TRL's layout) or dpo_pairs
+      # (a dpo_pairs.jsonl this stage wrote elsewhere); '' = build pairs from the policy in the workdir.
+      sources='',
       chosen='direct',                   # the answer alone ('를 정답: C'); 'reference': the SFT reference reply
       tasks=('korean_mc', 'chat'),       # concise-style prompts; concise math's verbose reply is the reasoning reply
       math_max_difficulty=1,             # short math only

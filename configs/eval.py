@@ -29,7 +29,9 @@ def get_config(arg=None):
       bfcl_categories=('simple_python', 'multiple', 'parallel'),
       bfcl_per_category=16,         # first N questions of each BFCL category
       champ_problems=16,            # first N CHAMP problems (English)
-      kobalt_file='',               # optional KoBALT-style jsonl added to korean_mc (loaders.load_kobalt_jsonl)
+      # More suites, FORMAT:PATH items (docs/data.md), each its own suite: e.g. 'kobalt_jsonl:/data/kobalt.jsonl,'
+      # 'bird:/data/bird/dev/dev.json,math_jsonl:/data/aime.jsonl'.
+      sources='',
       pass_k=(1, 4),                # pass@k reported for math and champ (reasoning mode)
       pass_k_samples=4,             # sampled replies per problem (≥ max pass_k); 0 = no pass@k
       pass_k_problems=8,            # problems per language that get sampled replies

@@ -63,7 +63,7 @@ def _cold_start(init_from: str, **changes) -> ml_collections.ConfigDict:
   over the training databases (`rloo.reserve_eval`, drawn before prompt selection); the student learns NL2SQL
   from traces over those alone."""
   return stage('rlvr', init_from=init_from, **{**dict(
-      total_steps=6, checkpoint_every=3, rlvr__language_penalty=0.0, rlvr__tasks=('nl2sql',),
+      total_steps=6, checkpoint_every=3, rlvr__language_penalty=0.0, rlvr__sources='bundled:nl2sql',
       rlvr__selection_prompts=ml_collections.ConfigDict(dict(nl2sql=48)), rlvr__select_pass_rate=(0.0, 1.0),
       rlvr__eval_prompts=64, rlvr__eval_samples=0, rlvr__eval_split='train'), **changes})
 
@@ -73,6 +73,12 @@ def _eval(init_from: str, **changes) -> ml_collections.ConfigDict:
   config.eval.update(dict(per_suite_language=16, bfcl_per_category=2, champ_problems=4, pass_k_problems=4))
   config.eval.update(changes)
   return config
+
+
+# Hybrid SFT with the rejection-sampled traces as a source of their own: a few hundred traces among ~8000
+# reasoning conversations, at about the share they had when they joined the reasoning source.
+SFT_WITH_TRACES = ('bundled:conversations/reasoning@0.76,bundled:conversations/concise@0.2,'
+                   'rs_traces:@rejection_sampling/rs_traces.jsonl@0.04')
 
 
 def full_stages() -> dict[str, ml_collections.ConfigDict]:
@@ -86,7 +92,7 @@ def full_stages() -> dict[str, ml_collections.ConfigDict]:
       'teacher': stage('sft', 'teacher', total_steps=400),
       'rejection_sampling': stage('rejection_sampling', init_from='@teacher', rejection_sampling__max_prompts=64,
                                   sampling__max_new_tokens=192),
-      'sft': stage('sft', **sft_changes, sft__rs_traces='@rejection_sampling/rs_traces.jsonl'),
+      'sft': stage('sft', **sft_changes, sft__sources=SFT_WITH_TRACES),
       'sft_korean_thinking': stage('sft', **sft_changes, sft__thinking_language='ko'),
       'eval_sft': _eval('@sft', **table1),
       'eval_sft_korean_thinking': _eval('@sft_korean_thinking', **table1),
@@ -106,13 +112,13 @@ def smoke_stages() -> dict[str, ml_collections.ConfigDict]:
   tiny_sft = dict(total_steps=2, batch_size=2, warmup_steps=0, eval_every=0, checkpoint_every=2,
                   sft__seq_len=256, sft__eval_examples_per_source=0, sft__task_eval__per_task_language=0)
   rlvr = stage('rlvr', 'smoke', init_from='@sft', total_steps=2, checkpoint_every=2, eval_every=0,
-               sampling__max_new_tokens=16, rlvr__tasks=('korean_mc',), rlvr__select_pass_rate=(0.0, 1.0),
+               sampling__max_new_tokens=16, rlvr__sources='bundled:korean_mc', rlvr__select_pass_rate=(0.0, 1.0),
                rlvr__selection_prompts=ml_collections.ConfigDict(dict(korean_mc=2)),
                rlvr__samples_per_prompt=2, rlvr__selection_samples=2, rlvr__eval_prompts=2, rlvr__eval_samples=0)
   return {
       'teacher': stage('sft', 'teacher', init_from='tiny-base', **tiny_sft),
       'rejection_sampling': stage('rejection_sampling', 'smoke', init_from='@teacher'),
-      'sft': stage('sft', init_from='tiny-base', **tiny_sft, sft__rs_traces='@rejection_sampling/rs_traces.jsonl'),
+      'sft': stage('sft', init_from='tiny-base', **tiny_sft, sft__sources=SFT_WITH_TRACES),
       'rlvr': rlvr,
       'dpo': stage('dpo', 'smoke', total_steps=2, checkpoint_every=2),
       'quantize': stage('quantize', 'smoke', init_from='@dpo'),

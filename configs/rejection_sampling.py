@@ -3,7 +3,7 @@
     python -m luckystar.main --config=configs/sft.py:teacher --workdir=/tmp/luckystar-teacher   # the teacher first
     python -m luckystar.main --config=configs/rejection_sampling.py --workdir=/tmp/luckystar-rs
     python -m luckystar.main --config=configs/sft.py --workdir=/tmp/luckystar-sft \
-        --config.sft.rs_traces=/tmp/luckystar-rs/rs_traces.jsonl      # the traces join hybrid SFT
+        --config.sft.sources=bundled:conversations/reasoning@0.76,bundled:conversations/concise@0.2,rs_traces:/tmp/luckystar-rs/rs_traces.jsonl@0.04
 
 Best-of-8 at temperature 1.0 from the teacher (`configs/sft.py:teacher`: `tiny-base` with a full
 512-token attention window, trained 800 steps on the teacher split's own databases and questions plus
@@ -28,10 +28,11 @@ def get_config(arg=None):
   config.init_from = '/tmp/luckystar-teacher'   # the teacher's run dir (or an HF dir); 'random:<size>': smoke
   config.sampling.temperature = 1.0     # best-of-N needs diverse samples
   config.sampling.max_new_tokens = 256  # thinking + SQL call + tool result + answer fit with room
-  config.rejection_sampling.tasks = ('nl2sql', 'math')
-  config.rejection_sampling.math_difficulties = (2,)     # intermediate
-  config.rejection_sampling.math_languages = ('ko',)
-  config.rejection_sampling.max_prompts = 0              # per task; 0 = all RS-only prompts
+  # FORMAT:PATH items (docs/data.md); add e.g. ',bird:/data/bird/train/train.json' or ',math_jsonl:/data/x.jsonl'.
+  config.rejection_sampling.sources = 'bundled:nl2sql,bundled:math'
+  config.rejection_sampling.math_difficulties = (2,)     # intermediate (bundled math only)
+  config.rejection_sampling.math_languages = ('ko',)     # bundled math only
+  config.rejection_sampling.max_prompts = 0              # per source; 0 = all (of a bundled suite: its RS-only prompts)
   config.rejection_sampling.samples_per_prompt = 8       # N of best-of-N
   config.rejection_sampling.batch_size = 64              # rollouts generated together (8 prompts × 8)
   config.rejection_sampling.max_tool_turns = 2

@@ -32,10 +32,12 @@ def get_config(arg=None):
   config.checkpoint_every = 5
   config.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=160))
   config.rlvr = ml_collections.ConfigDict(dict(
-      # Verifiable tasks where tiny-sft's samples disagree for a learnable reason; NL2SQL is the cold start
-      # (pass rate ≈ 0 until rejection-sampled SFT). Korean MC is left out: in reasoning mode its letter is a
-      # 1-in-10 guess, which passes the [1/8, 7/8] filter by luck and carries no learnable signal.
-      tasks=('chat', 'function_calling', 'math', 'nl2sql'),
+      # Verifiable prompt sources, FORMAT:PATH items (docs/data.md): the bundled suites where tiny-sft's samples
+      # disagree for a learnable reason; NL2SQL is the cold start (pass rate ≈ 0 until rejection-sampled SFT).
+      # Korean MC is left out: in reasoning mode its letter is a 1-in-10 guess, which passes the [1/8, 7/8]
+      # filter by luck and carries no learnable signal. Add e.g. ',math_jsonl:/data/gsm8k.jsonl'.
+      sources='bundled:chat,bundled:function_calling,bundled:math,bundled:nl2sql',
+      eval_sources='',             # held-out eval prompts; '' = the held-out split of the bundled suites
       samples_per_prompt=8,
       # r = correctness − penalty·[response language ≠ prompt language]. 1.0, not the paper's 0.5, which still
       # pays a correct English answer to a Korean prompt more than a wrong Korean one (experiments/language_penalty.md).
@@ -46,7 +48,6 @@ def get_config(arg=None):
       updates_per_batch=1,
       normalize='tokens',          # or 'sequences'
       max_prompt_tokens=384,
-      extra_prompts=(),            # registered prompt sources (data.sources): an experiment's train prompts, no own key
       max_tool_turns=2,
       max_tool_result_tokens=96,
       length_multiple=64,          # batches are padded to a multiple of this many tokens
@@ -69,7 +70,7 @@ def get_config(arg=None):
     config.eval_every = 3
     config.checkpoint_every = 1
     config.sampling.max_new_tokens = 64
-    config.rlvr.tasks = ('chat',)          # prompts whose 4 samples disagree: rewards vary, updates are not zero
+    config.rlvr.sources = 'bundled:chat'   # prompts whose 4 samples disagree: rewards vary, updates are not zero
     config.rlvr.samples_per_prompt = 4
     config.rlvr.selection_prompts = ml_collections.ConfigDict(dict(chat=16))
     config.rlvr.selection_samples = 4

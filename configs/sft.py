@@ -32,11 +32,12 @@ def get_config(arg=None):
   config.log_every = 10
   config.eval_every = 600
   config.checkpoint_every = 100
-  config.sft.data = 'conversations'    # or 'synthetic' (a tiny learnable task, no tokenizer)
+  # FORMAT:PATH[@WEIGHT] items (docs/data.md): the hybrid conversations, 80% reasoning / 20% concise. Add your own
+  # with e.g. ',chat_jsonl:/data/chats.jsonl@0.3' or the RS traces with ',rs_traces:/tmp/luckystar-rs/rs_traces.jsonl@0.1'.
+  config.sft.sources = 'bundled:conversations/reasoning@0.8,bundled:conversations/concise@0.2'
+  config.sft.eval_sources = ''          # held-out eval/loss data; '' = the held-out split of the bundled sources
   config.sft.seq_len = 512
-  config.sft.mixture = ml_collections.ConfigDict(dict(reasoning=0.8, concise=0.2))
   config.sft.eval_examples_per_source = 64   # held-out conversations per source for eval/loss; 0: no eval
-  config.sft.rs_traces = ''             # rs_traces.jsonl of the rejection_sampling stage: joins 'reasoning'; '' = none
   config.sft.thinking_language = 'en'   # 'ko': Korean prompts think in Korean (the paper's Table 1 ablation)
   config.sft.chat_tool_fraction = 0.3   # reasoning chat arithmetic that calls the calculator (the rest answers)
   # Held-out task correctness (luckystar.engine.evals.Settings): greedy, both modes, per task and language.
@@ -50,8 +51,7 @@ def get_config(arg=None):
     config.warmup_steps = 60
     config.eval_every = 600
     config.checkpoint_every = 200
-    config.sft.data = 'base'
-    config.sft.mixture = ml_collections.ConfigDict(dict(chat=0.35, korean_mc=0.45, math=0.1, text=0.1))
+    config.sft.sources = 'bundled:base'   # chat 0.35, korean_mc 0.45, math 0.1, text 0.1
     config.sft.eval_examples_per_source = 32
     config.sft.task_eval.per_task_language = 0   # the bundling script evaluates the result
   elif arg == 'teacher':  # the rejection-sampling teacher (DESIGN §5): tiny-base on the teacher's data only
@@ -67,7 +67,7 @@ def get_config(arg=None):
     config.warmup_steps = 20
     config.eval_every = 0
     config.checkpoint_every = 100
-    config.sft.data = 'teacher'
+    config.sft.sources = 'bundled:teacher'
     config.sft.eval_examples_per_source = 16     # held-out conversations of the teacher's tasks, NL2SQL included
     config.sft.task_eval.per_task_language = 0   # the rejection_sampling stage's pass@1/pass@N judge it
   elif arg == 'smoke':
@@ -79,7 +79,7 @@ def get_config(arg=None):
     config.log_every = 1
     config.eval_every = 2
     config.checkpoint_every = 2
-    config.sft.data = 'synthetic'
+    config.sft.sources = 'bundled:synthetic'
     config.sft.seq_len = 64
     config.sft.eval_examples_per_source = 8
     config.sft.task_eval.per_task_language = 0   # synthetic tokens: no chat template to evaluate

@@ -1,9 +1,9 @@
 """The NL2SQL cold start's own data (experiments/cold_start.md, experiments/copy_probe.md), registered with
 `luckystar.data.sources` on import:
 
-- SFT data (`config.sft.data`, or a `config.sft.mixture` key beside another data's sources), one name per copy
-  drill (`DRILL_SOURCES`): 'copy' (the quoted drill), 'copy_plain', 'copy_named', 'copy_schema';
-- RL prompts (`config.rlvr.extra_prompts`): 'nl2sql_rl_only' (RL-only NL2SQL questions over 16 more training-wording
+- SFT data (`bundled:<name>` in `config.sft.sources`), one name per copy drill (`DRILL_SOURCES`): 'copy' (the
+  quoted drill), 'copy_plain', 'copy_named', 'copy_schema';
+- RL prompts (`bundled:<name>` in `config.rlvr.sources`): 'nl2sql_rl_only' (RL-only NL2SQL questions over 16 more training-wording
   databases per domain, `rl_suite`) and 'nl2sql_rl_only_1' (one per domain).
 
 experiments/cold_start_pipeline.py imports it, so the pipeline's stages find these names.
@@ -166,7 +166,7 @@ def copy_sources(tokenizer: Tokenizer, *, seed: int = 0, split: str = 'train', c
 
 
 def _drill_data(name: str, drill: str):
-  """SFT data `name`: the `drill` drill alone, as one source named `name` (its `config.sft.mixture` key)."""
+  """SFT data `name`: the `drill` drill alone, as one source named `name` (`bundled:<name>`)."""
   def build(tokenizer: Tokenizer, *, seed: int, split: str) -> tuple[dict[str, list], dict[str, float]]:
     return {name: copy_sources(tokenizer, seed=seed, split=split, drill=drill)[0]['copy']}, {name: 1.0}
   return build
@@ -178,7 +178,7 @@ def _drill_data(name: str, drill: str):
 # 1 in 7 of the 216 left has a pass rate in [1/8, 7/8] for the tiny student: RL then trained on 14–31 prompts,
 # learnt them and did not carry to new questions (experiments/cold_start.md). RL-only databases in the
 # training wording, each with rows of its own (people, companies, places, dates), give RL as many prompts as
-# it asks for, whose values no SFT row had: `--config.rlvr.extra_prompts=nl2sql_rl_only` adds them to RL's
+# it asks for, whose values no SFT row had: `--config.rlvr.sources=bundled:nl2sql,bundled:nl2sql_rl_only` adds them to RL's
 # train pool; never RS prompts nor the eval's. They need a student that copies values from the question: the
 # tiny one had a correct rollout at k = 8 on 3 of 280 (16 of 104 on the training databases, whose rows its
 # traces showed).

@@ -53,8 +53,8 @@ def copy_phase(data: str = 'copy', **changes) -> ml_collections.ConfigDict:
   800). The probe's shape: 16 rows of one drill (~75 tokens) each, with the teacher's 512-token window."""
   return stage('sft', **{**dict(
       init_from='tiny-base', model_overrides=ml_collections.ConfigDict(dict(sliding_window=512)), total_steps=800,
-      batch_size=16, learning_rate=1e-3, warmup_steps=20, eval_every=200, checkpoint_every=100, sft__data=data,
-      sft__seq_len=96, sft__mixture=ml_collections.ConfigDict({data: 1.0}), sft__eval_examples_per_source=128,
+      batch_size=16, learning_rate=1e-3, warmup_steps=20, eval_every=200, checkpoint_every=100,
+      sft__sources=f'bundled:{data}', sft__seq_len=96, sft__eval_examples_per_source=128,
       sft__task_eval__per_task_language=0), **changes})
 
 
@@ -64,7 +64,7 @@ def nl2sql_rl(init_from: str, **changes) -> ml_collections.ConfigDict:
   over the training databases (`rloo.reserve_eval`, drawn before prompt selection); the student learns NL2SQL
   from traces over those alone. The paper pipeline's NL2SQL arms, at this experiment's sizes."""
   return stage('rlvr', init_from=init_from, **{**dict(
-      total_steps=6, checkpoint_every=3, rlvr__language_penalty=0.0, rlvr__tasks=('nl2sql',),
+      total_steps=6, checkpoint_every=3, rlvr__language_penalty=0.0, rlvr__sources='bundled:nl2sql',
       rlvr__selection_prompts=ml_collections.ConfigDict(dict(nl2sql=48)), rlvr__select_pass_rate=(0.0, 1.0),
       rlvr__eval_prompts=64, rlvr__eval_samples=0, rlvr__eval_split='train'), **changes})
 
@@ -84,8 +84,9 @@ def cold_start_stages() -> dict[str, ml_collections.ConfigDict]:
       # The copy phase (quoted drill), then the teacher from it with the drill kept as a tenth of its rows.
       'copy': copy_phase(),
       'teacher': stage('sft', 'teacher', init_from='@copy',
-                       sft__mixture=ml_collections.ConfigDict(dict(reasoning=0.72, concise=0.18, copy=0.1))),
-      'rejection_sampling': stage('rejection_sampling', init_from='@teacher', rejection_sampling__tasks=('nl2sql',)),
+                       sft__sources='bundled:teacher/reasoning@0.72,bundled:teacher/concise@0.18,bundled:copy@0.1'),
+      'rejection_sampling': stage('rejection_sampling', init_from='@teacher',
+                                  rejection_sampling__sources='bundled:nl2sql'),
       # The student's own copy phase: `tiny-sft` cannot copy a value either, and fine-tuned on the traces alone
       # it writes one memorised value per template (held-out NL2SQL 0 of 96; experiments/cold_start.md).
       'student_copy': copy_phase(init_from='tiny-sft'),
@@ -104,9 +105,9 @@ def cold_start_stages() -> dict[str, ml_collections.ConfigDict]:
       # table names: 15 of 48 right).
       'sft': stage('sft', init_from='@student_schema', total_steps=600, learning_rate=3e-4, warmup_steps=10,
                    eval_every=0, checkpoint_every=100, sft__eval_examples_per_source=16,
-                   sft__task_eval__per_task_language=0, sft__rs_traces='@rejection_sampling/rs_traces.jsonl',
-                   sft__mixture=ml_collections.ConfigDict(dict(reasoning=0.35, concise=0.1, rs=0.35,
-                                                               copy_schema=0.2))),
+                   sft__task_eval__per_task_language=0,
+                   sft__sources='bundled:conversations/reasoning@0.35,bundled:conversations/concise@0.1,'
+                                'rs_traces:@rejection_sampling/rs_traces.jsonl@0.35,bundled:copy_schema@0.2'),
       # RLOO from the SFT with DESIGN §5's prompt selection ([1/8, 7/8] at k = 8): without it, 98% of its groups
       # had zero variance and one lucky group in 16 steps was all the signal it got (the 4.2% → 0.0% run in
       # experiments/cold_start.md). The held-out set is reserved first (`rloo.reserve_eval`), and selection

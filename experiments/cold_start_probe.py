@@ -33,7 +33,7 @@ from luckystar.data.examples import Example
 from luckystar.engine import evals as core
 from luckystar.stages import rlvr as rloo
 
-import cold_start_data  # noqa: F401  (registers the prompt sources a run's config.rlvr.extra_prompts may name)
+import cold_start_data  # noqa: F401  (registers the prompt sources a run's config.rlvr.sources may name)
 
 ARM = 'nl2sql_from_sft'
 
@@ -77,14 +77,14 @@ def main() -> None:
     if not path.is_file():
       raise SystemExit(f'{path}: not found; run experiments/cold_start.py --workdir={workdir} first')
   config = ml_collections.ConfigDict(json.loads(config_path.read_text()))
-  if 'extra_prompts' not in config.rlvr:   # a run from before the key: no extra prompts
-    config.rlvr.extra_prompts = ()
+  if 'sources' not in config.rlvr:   # a run from before the key: its tasks' bundled suites
+    config.rlvr.sources = ','.join(f'bundled:{task}' for task in config.rlvr.tasks)
   if config.rlvr.eval_split != 'train':
     raise SystemExit(f'{config_path}: config.rlvr.eval_split={config.rlvr.eval_split!r}; this probe reads the '
                      "cold start's reserved held-out set (eval_split='train')")
   tokenizer = tokenizer_lib.default()
   heldout, pool = rloo.reserve_eval(config, tokenizer, rloo.prompt_pool(config.rlvr, 'train', tokenizer,
-                                                                        seed=config.seed))
+                                                                        seed=config.seed)[0])
   kept = set(json.loads(selection_path.read_text())['kept'])
   selected = [e for e in pool if e.id in kept]
   rl_values = {value for e in selected for value in e.meta['values']}

@@ -36,9 +36,9 @@ def heldout_set(config, workdir: pathlib.Path, start: api.Model) -> list:
   """The main job's held-out prompts: its prompt selection (cached in `workdir`, made there if absent)
   fixes the task/language mix."""
   settings = config.rlvr
-  pool = rloo.prompt_pool(settings, 'train', start.tokenizer, seed=config.seed)
+  pool, _ = rloo.prompt_pool(settings, 'train', start.tokenizer, seed=config.seed)
   selected = rloo.select_prompts(config, workdir, start.config, start.params, start.tokenizer, pool)
-  return rloo.eval_examples(selected, rloo.prompt_pool(settings, 'heldout', start.tokenizer, seed=config.seed),
+  return rloo.eval_examples(selected, rloo.prompt_pool(settings, 'heldout', start.tokenizer, seed=config.seed)[0],
                             settings.eval_prompts, config.seed)
 
 

@@ -12,6 +12,7 @@ import ml_collections
 
 from luckystar import errors
 from luckystar.engine import artifacts, checkpoint
+from luckystar.rewards import judge as judge_lib
 from luckystar.tokenizer import formats
 
 # config.stage → luckystar/stages/<stage>.py with `run(config, workdir)`, imported by name when it runs (main,
@@ -28,9 +29,11 @@ def stage_module(stage: str):
 
 # What a re-run on a workdir with checkpoints may change and still resume: how long the run goes, how often it
 # logs, evaluates and checkpoints, and how its batch is split over devices and micro-batches (the loss is a sum
-# over the global batch however it is split). Anything else would continue one run with another's settings.
+# over the global batch however it is split), and where its judge is served (a server moves between restarts; the
+# verdict cache is keyed by the judge, so another judge starts its own). Anything else would continue one run
+# with another's settings.
 RESUME_MAY_CHANGE = ('total_steps', 'log_every', 'eval_every', 'checkpoint_every', 'keep_checkpoints',
-                     'grad_accum_steps', 'mesh', 'distributed')
+                     'grad_accum_steps', 'mesh', 'distributed', 'judge')
 
 # Keys with a known domain, checked by `check` before a stage runs. A rule covers every key whose last part is
 # its name, at any depth: `batch_size` also covers `dpo.task_eval.batch_size` and a pipeline stage's own keys.
@@ -82,8 +85,21 @@ def check(config: ml_collections.ConfigDict) -> None:
               if (leaf := key.rsplit('.', 1)[-1]) in _DOMAIN_OF and not _IN_DOMAIN[_DOMAIN_OF[leaf]](value)]
   if config.get('chat_format', 'auto') not in formats.CHOICES:
     problems.append(f'config.chat_format={config.chat_format!r} is not one of {formats.CHOICES}')
+  problems += [problem for where, judge in _judge_configs(config.to_dict())
+               for problem in judge_lib.config_problems(judge, where)]
   if problems:
     raise errors.UserError('; '.join(problems))
+
+
+def _judge_configs(tree: dict, prefix: str = 'config') -> list[tuple[str, object]]:
+  """(dotted key, value) of every `judge` key at any depth: the stage's own and a pipeline stage's."""
+  found = []
+  for key, value in tree.items():
+    if key == 'judge':
+      found.append((f'{prefix}.{key}', value))
+    elif isinstance(value, dict):
+      found += _judge_configs(value, f'{prefix}.{key}')
+  return found
 
 
 def save(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> None:
@@ -161,6 +177,11 @@ def base(stage: str) -> ml_collections.ConfigDict:
   config.distributed = ml_collections.ConfigDict(dict(initialize='auto', coordinator_address='', num_processes=0,
                                                       process_id=-1, initialization_timeout_s=300))
   config.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=256))
+  # The LLM judge, asked only where rule verifiers cannot decide (rewards.judge; off: 'none'). 'http': an
+  # OpenAI-compatible server (vLLM, `python -m luckystar.serve`) at base_url serving `model`; 'model': init_from
+  # (anything `luckystar.load` reads) in this process, greedy and concise. guided_choice: the server may answer
+  # only YES or NO (vLLM's extension; False for a server without it).
+  config.judge = ml_collections.ConfigDict(judge_lib.DEFAULTS)
   config[stage] = ml_collections.ConfigDict()
   return config
 

@@ -145,9 +145,10 @@ def test_base_sources_are_concise_conversations_and_plain_text(tok):
 
 @pytest.mark.parametrize('split', ['train', 'heldout'])
 @pytest.mark.parametrize('variant', ['teacher', None])   # the teacher's data and the student's conversations
-def test_registered_data_is_sft_data_or_a_mixture_source_rendered_only_when_weighed(tok, monkeypatch, split, variant):
-  """`luckystar.data.sources`: an experiment's SFT data by name, as `config.sft.data` or as a `config.sft.mixture`
-  key beside another data's sources (built only when weighed); unknown names are config errors that say so."""
+def test_registered_data_is_a_bundled_sft_source(tok, monkeypatch, split, variant):
+  """`luckystar.data.sources`: an experiment's SFT data by name, `bundled:<name>` (each of its sources at the item's
+  weight × its own) or `bundled:<name>/<source>`, beside the bundled conversations and built only when named;
+  unknown names and sources are config errors that say so."""
   own = ({'reasoning': [{'tokens': np.ones(3, np.int32)}], 'concise': []}, dict(conversations.DEFAULT_WEIGHTS))
   monkeypatch.setattr(conversations, 'teacher_sources', lambda *a, **k: (dict(own[0]), dict(own[1])))
   monkeypatch.setattr(conversations, 'sft_sources', lambda *a, **k: (dict(own[0]), dict(own[1])))
@@ -164,31 +165,29 @@ def test_registered_data_is_sft_data_or_a_mixture_source_rendered_only_when_weig
   with pytest.raises(ValueError, match='identifier'):
     sources.register_sft('a drill', drill)
   config = config_lib.from_file('configs/sft.py', variant)
-  raw, weights = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
-  assert 'drill' not in raw and weights == {'reasoning': 0.8, 'concise': 0.2} and not built   # no config names it
-  config.sft.mixture.drill = 0.0
-  raw, weights = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
-  assert (raw['drill'], weights['drill'], raw['reasoning']) == ([], 0.0, own[0]['reasoning'])   # weight 0: none built
-  assert not built
-  config.sft.mixture.drill = 0.1
-  raw, weights = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
-  assert weights == {'reasoning': 0.8, 'concise': 0.2, 'drill': 0.1} and built == [(tok, 0, split)]
-  assert [item['tokens'].tolist() for item in raw['drill']] == [[SPLITS.index(split)] * 2, [0]]   # its sources as one
-  config.sft.mixture.other = 0.1
-  with pytest.raises(errors.UserError, match=r"config.sft.mixture names \['concise', 'drill', 'other', 'reasoning'\]"):
+  data = 'teacher' if variant else 'conversations'
+  raw, weights, _ = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
+  assert weights == {f'bundled:{data}/reasoning': 0.8, f'bundled:{data}/concise': 0.2} and not built
+  config.sft.sources += ',bundled:drill/a@0.1'
+  raw, weights, reports = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
+  assert weights[f'bundled:drill/a'] == 0.1 and built == [(tok, 0, split)] and 'bundled:drill/b' not in raw
+  assert [item['tokens'].tolist() for item in raw['bundled:drill/a']] == [[SPLITS.index(split)] * 2]
+  assert [r.label for r in reports][-1] == 'bundled:drill/a'
+  config.sft.sources = 'bundled:drill@2'   # the data itself: each source at 2 × its own weight
+  raw, weights, _ = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
+  assert weights == {'bundled:drill/a': 1.0, 'bundled:drill/b': 1.0}
+  config.sft.sources = 'bundled:drill/c'
+  with pytest.raises(errors.UserError, match=r"bundled:drill/c: bundled:drill has sources \['a', 'b'\]"):
     sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
-  config.sft.data, config.sft.mixture = 'drill', None   # the data itself, with its own weights
-  raw, weights = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
-  assert set(raw) == {'a', 'b'} and weights == {'a': 0.5, 'b': 0.5} and built[-1] == (tok, 0, split)
-  config.sft.data = 'drills'
-  with pytest.raises(errors.UserError, match=r"config.sft.data='drills'; expected one of .*'conversations'.*'drill'"):
+  config.sft.sources = 'bundled:drills'
+  with pytest.raises(errors.UserError, match=r"bundled:drills is no SFT data; bundled: .*'conversations'.*'drill'"):
     sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
 
 
 @pytest.mark.parametrize('data', ['conversations', 'teacher'])
 def test_chat_tool_fraction_outside_zero_one_is_a_config_error(tok, data):
   config = config_lib.from_file('configs/sft.py')
-  config.sft.data, config.sft.chat_tool_fraction = data, 1.5
+  config.sft.sources, config.sft.chat_tool_fraction = f'bundled:{data}', 1.5
   with pytest.raises(errors.UserError, match='config.sft.chat_tool_fraction=1.5'):
     sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)
 

@@ -107,3 +107,77 @@ def test_every_gold_korean_mc_trace_meets_the_hybrid_format():
     turn = conversations.messages(example, 'reasoning')[-1]
     verdict = reward.score(example, AssistantTurn(thinking=turn['thinking'], response=turn['response']), [])
     assert verdict.correct and core.hybrid_format_ok(turn['thinking'], turn['response'], verdict), turn
+
+
+# ---- the LLM judge, passed through (a stub that records its questions) ------------------------------
+
+def _judge_stub(asked, equivalent=True, in_language=False):
+  def judge(question, reference, candidate, *, criterion):
+    asked.append(criterion)
+    return {'equivalent': equivalent, 'language': in_language}[criterion]
+  return judge
+
+
+def _unverifiable_example():
+  from luckystar.data.examples import Example
+  # '98 values' is prose, not math: rules return None for every prediction against it.
+  return Example(id='champ', task='math', language='ko', split='heldout', prompt='서로 다른 값은 모두 몇 개입니까?',
+                 answer='98 values')
+
+
+MIXED = '98 values, 즉 98개입니다 because each value counts'   # neither Korean nor English by script
+
+
+@pytest.mark.fast
+def test_evaluate_scores_with_the_judge(monkeypatch):
+  import types
+  from luckystar.tokenizer import AssistantTurn
+  example = _unverifiable_example()
+
+  def model_respond(model_config, params, tokenizer, settings):
+    return lambda examples, mode, temperature, seed: [types.SimpleNamespace(
+        final_turn=AssistantTurn(response=MIXED, ended=True), actions=[], loss_mask=np.ones(5), overlong=False,
+        tool_results=(), thinking=None) for _ in examples]
+
+  monkeypatch.setattr(core, 'model_respond', model_respond)
+  settings = core.Settings(modes=('concise',))
+  without = core.evaluate(None, None, None, settings, examples=[example])
+  assert without['eval/concise/unscorable'] == 1.0 and math.isnan(without['eval/concise/correctness'])
+  assert math.isnan(without['eval/concise/language_mismatch'])   # mixed: rules cannot say, left out
+  asked = []
+  judged = core.evaluate(None, None, None, settings, examples=[example], judge=_judge_stub(asked))
+  assert sorted(asked) == ['equivalent', 'language']
+  assert judged['eval/concise/correctness'] == 1.0 and judged['eval/concise/unscorable'] == 0.0
+  assert judged['eval/concise/language_mismatch'] == 1.0          # the judge said: not Korean
+  ((_, _, verdict),) = core.run_examples(None, None, None, [example], 'concise', settings,
+                                         judge=_judge_stub(asked, in_language=True))
+  assert verdict.judged and verdict.language_judged and not verdict.language_mismatch
+
+
+@pytest.mark.fast
+def test_generate_and_score_passes_the_judge(monkeypatch):
+  import types
+  from luckystar.engine import rollouts
+  from luckystar.tokenizer import AssistantTurn
+  example = _unverifiable_example()
+
+  def rollout(model_config, params, tokenizer, prompts, **options):
+    return [types.SimpleNamespace(final_turn=AssistantTurn(response=MIXED, ended=True), actions=[], tool_results=(),
+                                  overlong=False) for _ in prompts]
+
+  monkeypatch.setattr(rollouts.sampling, 'rollout', rollout)
+  options = dict(samples_per_prompt=2, sampling_settings=types.SimpleNamespace(
+      max_new_tokens=8, temperature=1.0, top_k=0, top_p=1.0), max_tool_turns=1, max_tool_result_tokens=8,
+                 language_penalty=0.5, drop_overlong=True)
+  (group,) = rollouts.generate_and_score(None, None, None, [example], [[1, 2]], jax.random.key(0), **options)
+  assert [s.verdict.reward for s in group] == [None, None] and not any(s.survived for s in group)
+  asked = []
+  (group,) = rollouts.generate_and_score(None, None, None, [example], [[1, 2]], jax.random.key(0),
+                                         judge=_judge_stub(asked), **options)
+  assert sorted(asked) == ['equivalent', 'equivalent', 'language', 'language']
+  assert [s.verdict.reward for s in group] == [0.5, 0.5] and all(s.verdict.judged for s in group)
+  # sample_groups hands its keyword options, judge included, to generate_and_score.
+  asked.clear()
+  ((_, _, group),) = rollouts.sample_groups(None, None, tokenizer_lib.default(), [example], jax.random.key(0),
+                                            batch_rows=2, judge=_judge_stub(asked), **options)
+  assert len(asked) == 4 and all(s.verdict.judged for s in group)

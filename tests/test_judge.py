@@ -1,14 +1,19 @@
-"""The LLM judge against a scripted OpenAI-compatible server on 127.0.0.1, and with a fake model."""
+"""The LLM judge against a scripted OpenAI-compatible server on 127.0.0.1, and with a fake model; the
+stage's judge (engine.judging): config checks, the verdict cache kept in the workdir, counters."""
 
 import http.server
 import json
 import socket
 import threading
+import time
 import types
 
 import ml_collections
 import pytest
 
+from luckystar import config as config_lib
+from luckystar import errors
+from luckystar.engine import judging
 from luckystar.rewards import judge as judge_lib
 
 pytestmark = pytest.mark.fast
@@ -255,16 +260,181 @@ def test_make_judge(monkeypatch):
   monkeypatch.setenv('JUDGE_KEY', 'sk-env')
   assert judge_lib.make_judge({**config.to_dict(), 'api_key_env': 'JUDGE_KEY'}).api_key == 'sk-env'
   assert isinstance(judge_lib.make_judge({'backend': 'model'}, generate_fn=lambda p: 'YES'), judge_lib.ModelJudge)
+  assert judge_lib.make_judge(config_lib.base('rlvr').judge) is None   # the shipped default: off
 
 
 @pytest.mark.parametrize('config, message', [
-    ({'backend': 'vllm'}, 'expected one of'),
-    ({'backend': 'http', 'model': 'm'}, 'base_url'),
+    ({'backend': 'vllm'}, "config.judge.backend='vllm' is not one of"),
+    ({'backend': 'http', 'model': 'm'}, 'config.judge.base_url'),
     ({'backend': 'http', 'base_url': 'http://h'}, 'config.judge.model'),
-    ({'backend': 'http', 'base_url': 'http://h', 'model': 'm', 'timeout': 3}, 'unknown keys'),
+    ({'backend': 'http', 'base_url': 'h:8000', 'model': 'm'}, 'must start with http://'),
+    ({'backend': 'http', 'base_url': 'http://h', 'model': 'm', 'timeout': 3}, 'config.judge.timeout is not a judge'),
+    ({'backend': 'http', 'base_url': 'http://h', 'model': 'm', 'retries': -1}, 'config.judge.retries=-1'),
     ({'backend': 'http', 'base_url': 'http://h', 'model': 'm', 'api_key_env': 'NO_SUCH_VAR_123'}, 'unset'),
     ({'backend': 'model'}, 'generate_fn'),
 ])
 def test_make_judge_errors(config, message):
   with pytest.raises(ValueError, match=message):
     judge_lib.make_judge(config)
+
+
+# ---- guided choice and failures ---------------------------------------------------------------------
+
+def test_guided_choice_constrains_the_answer_in_both_vllm_spellings(fresh):
+  server, _ = fresh
+  assert _ask(_http_judge(server)) is True   # on by default
+  assert _ask(_http_judge(server, guided_choice=False), candidate='9') is True
+  guided, free = (request['body'] for request in server.requests)
+  assert guided['guided_choice'] == ['YES', 'NO']                      # vLLM before the rename
+  assert guided['structured_outputs'] == {'choice': ['YES', 'NO']}     # vLLM after it
+  assert 'guided_choice' not in free and 'structured_outputs' not in free
+  config = {'backend': 'http', 'base_url': server.base_url, 'model': 'm', 'guided_choice': False}
+  assert judge_lib.make_judge(config).guided_choice is False
+
+
+def test_a_refused_extension_says_how_to_turn_it_off(fresh):
+  server, _ = fresh
+  server.script += [400, 400]
+  judge = _http_judge(server)
+  assert _ask(judge) is None and judge.stats.failures == 1
+  with pytest.raises(judge_lib.JudgeError, match='guided_choice=False'):
+    judge._complete('a prompt')
+
+
+def test_a_closed_port_fails_at_once_and_is_counted(fresh):
+  _, delays = fresh
+  with socket.socket() as sock:  # a port nobody listens on
+    sock.bind(('127.0.0.1', 0))
+    port = sock.getsockname()[1]
+  timeout_s = 60.0
+  judge = judge_lib.HttpJudge(f'http://127.0.0.1:{port}', 'm', retries=0, backoff_s=5.0, timeout_s=timeout_s)
+  start = time.monotonic()
+  assert _ask(judge) is None
+  # A refused connection is not a timeout: it fails long before timeout_s (a loose bound, never flaky).
+  assert time.monotonic() - start < timeout_s / 2
+  assert judge.stats == judge_lib.JudgeStats(calls=1, cache_hits=0, requests=1, failures=1)
+  assert delays == []   # retries=0: no backoff either
+  assert _ask(judge) is None and judge.stats.failures == 2   # a failure is not cached
+
+
+# ---- config.judge and the stage's judge (engine.judging) -------------------------------------------
+
+def test_config_check_names_the_judge_key():
+  config = config_lib.base('rlvr')
+  config_lib.check(config)   # the default (off) is valid
+  for change, message in [
+      (dict(backend='vllm'), "config.judge.backend='vllm' is not one of ('none', 'http', 'model')"),
+      (dict(backend='http', model='m'), "config.judge.backend='http' needs config.judge.base_url"),
+      (dict(backend='model'), "config.judge.backend='model' needs config.judge.init_from"),
+      (dict(timeout_s=0.0), 'config.judge.timeout_s=0.0 is not a number > 0'),
+      (dict(retries=-1), 'config.judge.retries=-1 is not an integer ≥ 0'),
+  ]:
+    bad = config_lib.base('rlvr')
+    bad.judge.update(change)
+    with pytest.raises(errors.UserError, match=message.replace('(', r'\(').replace(')', r'\)')):
+      config_lib.check(bad)
+  bad = config_lib.base('rlvr')
+  bad.judge.timeout = 3
+  with pytest.raises(errors.UserError, match='config.judge.timeout is not a judge setting'):
+    config_lib.check(bad)
+  pipeline = config_lib.base('pipeline')   # a pipeline stage's own judge is checked too, by its full key
+  pipeline.pipeline = ml_collections.ConfigDict(dict(stages=dict(rlvr=config_lib.base('rlvr').to_dict())))
+  pipeline.pipeline.stages.rlvr.judge.backend = 'openai'
+  with pytest.raises(errors.UserError, match="config.pipeline.stages.rlvr.judge.backend='openai'"):
+    config_lib.check(pipeline)
+
+
+def _stage_config(server, **judge):
+  config = config_lib.base('rlvr')
+  config.judge.update({'backend': 'http', 'base_url': server.base_url, 'model': 'luckystar-judge', 'retries': 0,
+                       **judge})
+  return config
+
+
+def test_off_by_default(tmp_path):
+  assert judging.make(config_lib.base('rlvr'), tmp_path) is None
+  assert judging.make(ml_collections.ConfigDict(dict(stage='rlvr')), tmp_path) is None   # a config from before
+  judging.save(None, tmp_path)
+  assert judging.metrics(None) == {} and not (tmp_path / judging.CACHE_FILE).exists()
+
+
+def test_the_verdict_cache_persists_in_the_workdir(fresh, tmp_path):
+  server, _ = fresh
+  server.script += ['YES', 'NO']
+  judge = judging.make(_stage_config(server), tmp_path)
+  assert _ask(judge) is True and _ask(judge, candidate='10') is False
+  judging.save(judge, tmp_path)
+  assert judging.metrics(judge) == {'judge/calls': 2, 'judge/cache_hits': 0, 'judge/requests': 2, 'judge/failures': 0}
+  again = judging.make(_stage_config(server), tmp_path)   # a re-run on the same workdir
+  assert _ask(again) is True and _ask(again, candidate='10') is False
+  assert len(server.requests) == 2
+  assert judging.metrics(again) == {'judge/calls': 2, 'judge/cache_hits': 2, 'judge/requests': 0,
+                                    'judge/failures': 0}
+  saved = json.loads((tmp_path / judging.CACHE_FILE).read_text())
+  assert saved['fingerprint'] == judge.identity and len(saved['verdicts']) == 2
+  assert judge.identity['url'] == server.base_url + '/v1/chat/completions'
+  assert judge.identity['prompt'] == judge_lib.prompt_digest()
+  (tmp_path / judging.CACHE_FILE).unlink()
+  judging.save(again, tmp_path)      # nothing new since it was loaded: not rewritten
+  assert not (tmp_path / judging.CACHE_FILE).exists()
+
+
+def test_a_cache_of_another_judge_is_ignored(fresh, tmp_path):
+  server, _ = fresh
+  judge = judging.make(_stage_config(server), tmp_path)
+  assert _ask(judge) is True
+  judging.save(judge, tmp_path)
+  other = judging.make(_stage_config(server, model='another-judge'), tmp_path)   # no error
+  assert _ask(other) is True
+  assert len(server.requests) == 2 and other.stats.cache_hits == 0
+  judging.save(other, tmp_path)
+  assert json.loads((tmp_path / judging.CACHE_FILE).read_text())['fingerprint']['model'] == 'another-judge'
+  (tmp_path / judging.CACHE_FILE).write_text('{not json')   # a damaged cache is no error either
+  assert judging.make(_stage_config(server), tmp_path).verdicts() == {}
+
+
+def test_a_judge_server_that_is_down_never_stops_the_stage(tmp_path):
+  with socket.socket() as sock:
+    sock.bind(('127.0.0.1', 0))
+    port = sock.getsockname()[1]
+  config = config_lib.base('rlvr')
+  config.judge.update(dict(backend='http', base_url=f'http://127.0.0.1:{port}', model='m', retries=0))
+  judge = judging.make(config, tmp_path)
+  assert _ask(judge) is None
+  judging.save(judge, tmp_path)
+  assert judging.metrics(judge)['judge/failures'] == 1
+
+
+def test_model_backend_asks_init_from_greedy_and_concise(monkeypatch, tmp_path):
+  asked = []
+
+  class Model:
+    tokenizer = object()
+
+    def generate(self, prompt, mode, **options):
+      asked.append((mode, options))
+      return types.SimpleNamespace(text='YES')
+
+  loaded = []
+  monkeypatch.setattr(judging.loading, 'load', lambda name: loaded.append(name) or Model())
+  config = config_lib.base('rlvr')
+  config.judge.update(dict(backend='model', init_from='tiny-sft', max_tokens=6))
+  judge = judging.make(config, tmp_path)
+  assert _ask(judge) is True and loaded == ['tiny-sft']
+  assert asked == [('concise', {'max_new_tokens': 6, 'temperature': 0.0, 'max_tool_turns': 0})]
+  assert judge.identity == {'backend': 'model', 'prompt': judge_lib.prompt_digest(), 'init_from': 'tiny-sft',
+                            'step': None}
+  config.judge.init_from = str(tmp_path / 'no_such_model')
+  monkeypatch.undo()
+  with pytest.raises(errors.UserError, match='config.judge.init_from='):
+    judging.make(config, tmp_path)
+
+
+def test_a_local_server_is_reached_past_a_proxy_setting(fresh, monkeypatch):
+  server, _ = fresh
+  for name in ('no_proxy', 'NO_PROXY'):
+    monkeypatch.delenv(name, raising=False)
+  for name in ('http_proxy', 'HTTP_PROXY'):
+    monkeypatch.setenv(name, 'http://127.0.0.1:9')   # nothing listens there: a proxied request would fail
+  judge = _http_judge(server, retries=0)
+  assert _ask(judge) is True and judge.stats.failures == 0

@@ -270,6 +270,12 @@ def test_mixed_response_asks_the_judge():
   assert asked[0] == ('', 'Korean', mixed, 'language')
   assert not language.mismatch('ko', KOREAN_RESPONSES[0], judge=judge(False))  # rules decide first
   assert len(asked) == 3
+  # mismatch_verdict also says whether the judge decided: only a verdict on a mixed response counts.
+  assert language.mismatch_verdict('ko', mixed, judge=judge(False)) == (True, True)
+  assert language.mismatch_verdict('ko', mixed, judge=judge(True)) == (False, True)
+  assert language.mismatch_verdict('ko', mixed, judge=judge(None)) == (False, False)
+  assert language.mismatch_verdict('ko', mixed) == (False, False)
+  assert language.mismatch_verdict('ko', 'The answer is 7.', judge=judge(True)) == (True, False)
 
 
 _identifier = st.from_regex(r'[a-z]{2,8}(_[a-z]{2,8}){1,2}|[a-z]{2,6}[A-Z][a-z]{2,6}|[a-z]{1,5}[0-9]{1,4}',

@@ -38,6 +38,7 @@ LAYERS = {
     'luckystar.main': 'entry',
     'luckystar.api': 'entry',
     'luckystar.aot_plan': 'entry',
+    'luckystar.serve': 'entry',
 }
 
 RULE_TABLE = 'not in the layer table (rule 1: every module has a layer)'

@@ -34,10 +34,10 @@ def _stage(stage='sft', **values):
 
 def test_references_become_stage_dirs_and_the_pipeline_seed_is_every_stages():
   config = _stage(init_from='@sft', seed=5)
-  config.sft.rs_traces = '@rejection_sampling/rs_traces.jsonl'
+  config.sft.sources = 'bundled:conversations@0.9,rs_traces:@rejection_sampling/rs_traces.jsonl@0.1'  # inside an item
   resolved = pipeline.resolve(config, pathlib.Path('/runs/paper'), seed=1)
-  assert (resolved.init_from, resolved.sft.rs_traces, resolved.seed) == (
-      '/runs/paper/sft', '/runs/paper/rejection_sampling/rs_traces.jsonl', 1)
+  assert (resolved.init_from, resolved.sft.sources, resolved.seed) == (
+      '/runs/paper/sft', 'bundled:conversations@0.9,rs_traces:/runs/paper/rejection_sampling/rs_traces.jsonl@0.1', 1)
   assert config.init_from == '@sft'   # the pipeline's own config is left as it was
 
 
@@ -49,8 +49,8 @@ def test_a_stage_must_run_after_the_stages_it_reads():
     pipeline.check_order(_pipeline(('teacher', 'dpo'), teacher=_stage()))
   pipeline.check_order(_pipeline(('teacher', 'rejection_sampling'), teacher=_stage(), rejection_sampling=rs))
   sft = _stage()
-  sft.sft.rs_traces = '@rejection_sampling/rs_traces.jsonl'   # a nested key is named by its dotted path
-  with pytest.raises(errors.UserError, match=r"stages.sft.sft.rs_traces='@rejection_sampling/rs_traces.jsonl'"):
+  sft.sft.sources = 'rs_traces:@rejection_sampling/rs_traces.jsonl'   # a nested key is named by its dotted path
+  with pytest.raises(errors.UserError, match=r"stages.sft.sft.sources='rs_traces:@rejection_sampling/rs_traces.jsonl'"):
     pipeline.check_order(_pipeline(('sft', 'rejection_sampling'), sft=sft, rejection_sampling=rs))
 
 
@@ -90,8 +90,8 @@ def test_smoke_pipeline_runs_the_chain_and_a_rerun_skips_every_stage(start, tmp_
   assert process.returncode == 0, log[-3000:]
   order = config_lib.from_file('configs/pipeline.py', 'smoke').pipeline.order
   assert all((workdir / name / pipeline.DONE_FILE).is_file() for name in order)
-  assert json.loads((workdir / 'sft' / 'config.json').read_text())['sft']['rs_traces'] == str(
-      workdir / 'rejection_sampling' / 'rs_traces.jsonl')
+  assert f'rs_traces:{workdir / "rejection_sampling" / "rs_traces.jsonl"}@' in json.loads(
+      (workdir / 'sft' / 'config.json').read_text())['sft']['sources']
   assert (workdir / 'quantize' / 'hf_int4' / 'config.json').is_file()
   assert json.loads((workdir / 'eval_int4' / 'results.json').read_text())['init_from'] == str(
       workdir / 'quantize' / 'hf_int4')

@@ -124,7 +124,7 @@ def test_nl2sql_thinking_is_read_from_the_first_turn_and_the_trace_renders_like_
 
 def test_rs_prompts_are_disjoint_from_rlvr_heldout_and_teacher_prompts(tok):
   config = _config('rejection_sampling')
-  chosen = rs.rs_prompts(config)
+  chosen, _ = rs.rs_prompts(config)
   by_task = collections.Counter((e.task, e.language) for e in chosen)
   assert by_task[('nl2sql', 'ko')] and by_task[('nl2sql', 'en')] and by_task[('math', 'ko')]
   assert set(by_task) == {('nl2sql', 'ko'), ('nl2sql', 'en'), ('math', 'ko')}
@@ -133,12 +133,11 @@ def test_rs_prompts_are_disjoint_from_rlvr_heldout_and_teacher_prompts(tok):
   assert len([e for e in chosen if e.task == 'nl2sql']) == sum(rs_only(e, 0) for e in suites.load('nl2sql', 'train'))
   texts = {e.prompt for e in chosen}
   # RLVR's own prompt pool (train split minus rs_only), every length admitted.
-  rlvr = rloo.prompt_pool(types.SimpleNamespace(tasks=config.rejection_sampling.tasks, max_prompt_tokens=10**9,
-                                                extra_prompts=()),
-                          'train', tok, seed=config.seed)
+  rlvr, _ = rloo.prompt_pool(types.SimpleNamespace(sources=config.rejection_sampling.sources,
+                                                   max_prompt_tokens=10**9), 'train', tok, seed=config.seed)
   assert rlvr and not texts & {e.prompt for e in rlvr}
   for split in ('heldout', 'teacher'):
-    others = {e.prompt for task in config.rejection_sampling.tasks for e in suites.load(task, split)}
+    others = {e.prompt for task in ('nl2sql', 'math') for e in suites.load(task, split)}
     assert others and not texts & others, split
 
 
@@ -235,7 +234,7 @@ def test_stage_keeps_verified_traces_writes_its_files_and_they_join_sft(tok, tmp
     config.rejection_sampling.math_languages = ('ko', 'en')
     config.rejection_sampling.samples_per_prompt = len(SCRIPTS)
     config.rejection_sampling.batch_size = 12   # two prompts per batch: three batches
-  examples = rs.rs_prompts(config)
+  examples, _ = rs.rs_prompts(config)
   assert {(e.task, e.language) for e in examples} >= {('nl2sql', 'ko'), ('math', 'ko')}
   monkeypatch.setattr(sampling, 'rollout', _scripted_rollout_fn(tok, examples))
   monkeypatch.setattr(state_lib, 'load_model', lambda config: loading.Model(model.get('tiny'), None, tok))
@@ -269,14 +268,15 @@ def test_stage_keeps_verified_traces_writes_its_files_and_they_join_sft(tok, tmp
 
   # The trace file joins the student's SFT mixture (train split only).
   sft_config = _config('sft')
+  label = f'rs_traces:{tmp_path / rs.TRACES_FILE}'
   with sft_config.unlocked():
-    sft_config.sft.rs_traces = str(tmp_path / rs.TRACES_FILE)
-  monkeypatch.setattr(conversations, 'sft_sources', lambda tokenizer, *, seed, split, extra_reasoning=(), **_: (
-      {'reasoning': list(extra_reasoning), 'concise': []}, dict(conversations.DEFAULT_WEIGHTS)))
-  train, _ = sft.sources(sft_config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)
-  assert [t['tokens'].tolist() for t in train['reasoning']] == [t['tokens'] for t in traces]
-  heldout, _ = sft.sources(sft_config, 'heldout', tokenizer=tok, vocab_size=tok.vocab_size)
-  assert heldout['reasoning'] == []
+    sft_config.sft.sources = f'bundled:conversations,{label}@0.1'
+  monkeypatch.setattr(conversations, 'sft_sources', lambda tokenizer, *, seed, split, **_: (
+      {'reasoning': [], 'concise': []}, dict(conversations.DEFAULT_WEIGHTS)))
+  train, _, _ = sft.sources(sft_config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)
+  assert [t['tokens'].tolist() for t in train[label]] == [t['tokens'] for t in traces]
+  heldout, _, _ = sft.sources(sft_config, 'heldout', tokenizer=tok, vocab_size=tok.vocab_size)
+  assert label not in heldout
 
 
 def test_smoke_run_with_a_random_teacher_writes_its_files_and_a_rerun_reuses_them(tmp_path, monkeypatch, capsys):
@@ -333,33 +333,28 @@ def test_a_bad_trace_line_is_named_by_file_and_line(tok, tmp_path):
 
   config = _config('sft')
   with config.unlocked():
-    config.sft.rs_traces = str(tmp_path / 'missing.jsonl')
-  with pytest.raises(FileNotFoundError, match='missing.jsonl'):
-    sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)
-  with config.unlocked():
-    config.sft.data = 'teacher'
-  with pytest.raises(errors.UserError, match='config.sft.rs_traces'):
+    config.sft.sources = f'bundled:conversations,rs_traces:{tmp_path / "missing.jsonl"}'
+  with pytest.raises(FileNotFoundError, match='missing.jsonl: no such file'):
     sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)
 
 
-def test_traces_join_reasoning_or_form_the_rs_source_of_the_mixture(tok, tmp_path):
+def test_traces_are_a_source_of_the_sft_mixture_with_their_own_weight(tok, tmp_path):
   trace = {'example_id': 'x', 'task': 'nl2sql', 'language': 'en', 'sample_index': 0, 'teacher': 't',
            'mode': 'reasoning', 'tokens': [1, 2, 3, 4], 'loss_mask': [0, 0, 1, 1]}
   path = tmp_path / 'rs_traces.jsonl'
   path.write_text(''.join(json.dumps({**trace, 'sample_index': i}) + '\n' for i in range(3)))
   config = _config('sft')
   with config.unlocked():
-    config.sft.rs_traces = str(path)
+    config.sft.sources = f'bundled:conversations/reasoning@0.6,bundled:conversations/concise@0.2,rs_traces:{path}@0.2'
   plain, _ = conversations.sft_sources(tok)
-  joined, weights = sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)
-  assert set(joined) == {'reasoning', 'concise'} and len(joined['reasoning']) == len(plain['reasoning']) + 3
-  with config.unlocked():
-    config.sft.mixture = ml_collections.ConfigDict(dict(reasoning=0.6, concise=0.2, rs=0.2))
-  own, weights = sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)
-  assert weights == {'reasoning': 0.6, 'concise': 0.2, 'rs': 0.2} and len(own['rs']) == 3
-  assert len(own['reasoning']) == len(plain['reasoning']) and own['rs'][0]['tokens'].tolist() == [1, 2, 3, 4]
-  heldout, _ = sft.sources(config, 'heldout', tokenizer=tok, vocab_size=tok.vocab_size)
-  assert heldout['rs'] == []                     # RS prompts are train prompts: never in eval
-  path.write_text('')
-  with pytest.raises(errors.UserError, match="'rs' source a weight"):
-    sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)
+  own, weights, reports = sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)
+  label = f'rs_traces:{path}'
+  assert weights == {'bundled:conversations/reasoning': 0.6, 'bundled:conversations/concise': 0.2, label: 0.2}
+  assert len(own[label]) == 3 and own[label][0]['tokens'].tolist() == [1, 2, 3, 4]
+  assert len(own['bundled:conversations/reasoning']) == len(plain['reasoning'])
+  assert reports[-1].kept == 3 and len(reports[-1].digest) == 16
+  heldout, _, _ = sft.sources(config, 'heldout', tokenizer=tok, vocab_size=tok.vocab_size)
+  assert label not in heldout                    # RS prompts are train prompts: never in eval
+  path.write_text('')                            # rejection sampling may keep nothing: the source drops out
+  own, weights, reports = sft.sources(config, 'train', tokenizer=tok, vocab_size=tok.vocab_size)
+  assert label not in own and reports[-1].kept == 0

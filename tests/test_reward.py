@@ -120,6 +120,37 @@ def test_unscorable_gold_gives_no_reward_and_the_judge_is_asked():
   assert judge_lib.CRITERIA['equivalent'] in prompts[0] and 'The answer is 1/2.' in prompts[0]
 
 
+def test_the_judge_decides_what_no_rule_can_correctness_and_language():
+  # '98 values' is prose (a word of 3+ letters), not math: no prediction against it can be verified.
+  example = Example(id='champ', task='math', language='ko', split='heldout', prompt='서로 다른 값은 모두 몇 개입니까?',
+                    answer='98 values')
+  mixed = AssistantTurn(response='98 values, 즉 98개입니다 because each value counts', ended=True)
+  asked = []
+
+  def judge(equivalent, korean):
+    def call(question, reference, candidate, *, criterion):
+      asked.append((criterion, question, reference, candidate))
+      return {'equivalent': equivalent, 'language': korean}[criterion]
+    return call
+
+  assert reward.score(example, mixed) == reward.Verdict(correct=None, format_ok=True, language_mismatch=False,
+                                                        reward=None)
+  verdict = reward.score(example, mixed, judge=judge(True, False))
+  assert (verdict.correct, verdict.judged, verdict.language_mismatch, verdict.language_judged, verdict.reward) == (
+      True, True, True, True, 0.5)
+  assert sorted(asked) == [('equivalent', example.prompt, '98 values', mixed.response),
+                           ('language', '', 'Korean', mixed.response)]
+  # A failed verdict (None): unscorable and no penalty, as without a judge; the judge counts its failures.
+  verdict = reward.score(example, mixed, judge=judge(None, None))
+  assert (verdict.correct, verdict.reward, verdict.judged, verdict.language_mismatch, verdict.language_judged) == (
+      None, None, False, False, False)
+  # Rules decide first: a Korean response is not sent to the judge for its language.
+  asked.clear()
+  verdict = reward.score(example, AssistantTurn(response='정답은 98개입니다.', ended=True), judge=judge(False, False))
+  assert [criterion for criterion, *_ in asked] == ['equivalent']
+  assert (verdict.correct, verdict.language_mismatch, verdict.language_judged, verdict.reward) == (False, False, False, 0.0)
+
+
 @pytest.fixture(scope='module')
 def nl2sql_example(tmp_path_factory):
   db_dir = tmp_path_factory.mktemp('nl2sql')

@@ -249,8 +249,8 @@ def test_train_eval_set_is_reserved_before_selection(monkeypatch):
   drawn first from pool prompts whose gold SQL no RS prompt has, and every pool prompt that shares its gold SQL
   (the three training databases per domain share one wording; the English and Korean question share their SQL)
   leaves RL's pool, so prompt selection may measure all the rest; a reserved eval set is part of the selection
-  cache's fingerprint. Registered extra prompts (`extra_prompts`, `luckystar.data.sources`) join RL's pool, never
-  the eval set, and enter the fingerprint only when set. The held-out split is the default and anything else a
+  cache's fingerprint. A registered prompt set (`bundled:<name>`, `luckystar.data.sources`) joins RL's pool, never
+  the eval set, and changes the fingerprint. The held-out split is the default and anything else a
   config error."""
   import dataclasses
   import ml_collections
@@ -258,10 +258,10 @@ def test_train_eval_set_is_reserved_before_selection(monkeypatch):
   from luckystar.data import sources, suites
   from luckystar.data.examples import rs_only
   config = ml_collections.ConfigDict(dict(seed=0, init_from='tiny-sft', sampling=dict(temperature=1.0), rlvr=dict(
-      tasks=('nl2sql',), max_prompt_tokens=384, selection_prompts={'nl2sql': 48}, selection_samples=8,
-      select_pass_rate=(0.125, 0.875), eval_prompts=96, eval_split='train', extra_prompts=())))
+      sources='bundled:nl2sql', max_prompt_tokens=384, selection_prompts={'nl2sql': 48}, selection_samples=8,
+      select_pass_rate=(0.125, 0.875), eval_prompts=96, eval_split='train')))
   tok = tokenizer_lib.default()
-  pool = rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
+  pool, _ = rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
   heldout, rest = rloo.reserve_eval(config, tok, pool)
   assert (heldout, rest) == rloo.reserve_eval(config, tok, pool) and len(heldout) == 96
   assert set(heldout) <= set(pool) and set(rest) <= set(pool) and len(rest) >= 150
@@ -276,22 +276,22 @@ def test_train_eval_set_is_reserved_before_selection(monkeypatch):
   monkeypatch.setattr(sources, '_PROMPTS', dict(sources._PROMPTS))   # registrations end with the test
   sources.register_prompts('extra', lambda seed: extra)
   without = rloo._fingerprint(config, tokenizer_lib.default())
-  assert 'extra_prompts' not in without                            # a run without them keeps its cached selection
-  config.rlvr.extra_prompts = ('extra',)
-  bigger = rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
+  config.rlvr.sources = 'bundled:nl2sql,bundled:extra'
+  bigger, reports = rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
+  assert [r.label for r in reports] == ['bundled:nl2sql', 'bundled:extra'] and reports[1].kept == 16
   extra_ids = {e.id for e in extra}
   rl_only = [e for e in bigger if e.id in extra_ids]
   assert rl_only and bigger == pool + rl_only
-  assert not extra_ids & {e.id for e in rloo.prompt_pool(config.rlvr, 'heldout', tok, seed=0)}   # train only
+  assert not extra_ids & {e.id for e in rloo.prompt_pool(config.rlvr, 'heldout', tok, seed=0)[0]}   # train only
   same_heldout, bigger_rest = rloo.reserve_eval(config, tok, bigger)
   assert same_heldout == heldout                                   # the eval set stays on the training databases
   fresh = [e for e in rl_only if e.answer not in {h.answer for h in heldout}]
   assert fresh and [e for e in bigger_rest if e.id in extra_ids] == fresh
-  assert rloo._fingerprint(config, tokenizer_lib.default()) != without                                    # other extra prompts
-  config.rlvr.extra_prompts = ('missing',)
-  with pytest.raises(errors.UserError, match=r"config.rlvr.extra_prompts names \['missing'\].*'extra'"):
+  assert rloo._fingerprint(config, tokenizer_lib.default()) != without                                    # other prompts
+  config.rlvr.sources = 'bundled:nl2sql,bundled:missing'
+  with pytest.raises(errors.UserError, match=r"config.rlvr.sources: bundled:missing is neither a task .*'extra'"):
     rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
-  config.rlvr.extra_prompts = ()
+  config.rlvr.sources = 'bundled:nl2sql'
   assert rloo._fingerprint(config, tokenizer_lib.default()) == without
   fingerprint = rloo._fingerprint(config, tokenizer_lib.default())
   config.rlvr.eval_prompts = 64

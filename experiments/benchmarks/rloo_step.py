@@ -63,8 +63,8 @@ def stage_config(size: str, prompts: int, samples_per_prompt: int, new_tokens: i
 def benchmark_prompts(config, tokenizer, tasks: list[str], count: int):
   """The first `count` prompts of the stage's train pool, round-robin over `tasks`."""
   settings = config.rlvr.copy_and_resolve_references()
-  settings.tasks = tuple(tasks)
-  pool = rloo.prompt_pool(settings, 'train', tokenizer, seed=config.seed)
+  settings.sources = ','.join(f'bundled:{task}' for task in tasks)
+  pool, _ = rloo.prompt_pool(settings, 'train', tokenizer, seed=config.seed)
   by_task = {task: [e for e in pool if e.task == task] for task in tasks}
   examples = [by_task[tasks[i % len(tasks)]][i // len(tasks)] for i in range(count)]
   return examples, [rollouts.render_prompt(tokenizer, e) for e in examples]

@@ -56,17 +56,17 @@ def test_rl_only_databases_have_the_training_schema_and_share_no_question(tmp_pa
 
 
 def test_rl_only_prompts_join_rls_pool_never_its_eval_set():
-  """`config.rlvr.extra_prompts=('nl2sql_rl_only_1',)`: RL-only prompts join RL's train pool after the training
+  """`config.rlvr.sources='bundled:nl2sql,bundled:nl2sql_rl_only_1'`: RL-only prompts join RL's train pool after the training
   databases' own, never the held-out set reserved from it, and change the selection cache's fingerprint."""
   config = ml_collections.ConfigDict(dict(seed=0, init_from='tiny-sft', sampling=dict(temperature=1.0), rlvr=dict(
-      tasks=('nl2sql',), max_prompt_tokens=384, selection_prompts={'nl2sql': 48}, selection_samples=8,
-      select_pass_rate=(0.125, 0.875), eval_prompts=96, eval_split='train', extra_prompts=())))
+      sources='bundled:nl2sql', max_prompt_tokens=384, selection_prompts={'nl2sql': 48}, selection_samples=8,
+      select_pass_rate=(0.125, 0.875), eval_prompts=96, eval_split='train')))
   tok = tokenizer_lib.default()
-  pool = rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
+  pool, _ = rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
   heldout, _ = rloo.reserve_eval(config, tok, pool)
   fingerprint = rloo._fingerprint(config, tokenizer_lib.default())
-  config.rlvr.extra_prompts = ('nl2sql_rl_only_1',)
-  bigger = rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
+  config.rlvr.sources = 'bundled:nl2sql,bundled:nl2sql_rl_only_1'
+  bigger, _ = rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
   rl_ids = {e.id for e in cold_start_data.rl_only(1)}
   rl_only = [e for e in bigger if e.id in rl_ids]
   assert rl_only and bigger == pool + rl_only and not {e.id for e in pool} & rl_ids
@@ -87,28 +87,27 @@ def test_the_copy_drill_is_a_mixture_source_rendered_only_when_weighed(tok, monk
   monkeypatch.setattr(conversations, 'teacher_sources', lambda *a, **k: (dict(own[0]), dict(own[1])))
   monkeypatch.setattr(conversations, 'sft_sources', lambda *a, **k: (dict(own[0]), dict(own[1])))
   config = config_lib.from_file('configs/sft.py', variant)
-  raw, weights = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
-  assert 'copy' not in raw                                           # no library config names it
-  config.sft.mixture.copy = 0.0
-  raw, weights = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
-  assert (raw['copy'], weights['copy'], raw['reasoning']) == ([], 0.0, own[0]['reasoning'])   # weight 0: none built
-  config.sft.mixture.copy = 0.1
-  raw, weights = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
-  assert weights == {'reasoning': 0.8, 'concise': 0.2, 'copy': 0.1}
-  assert len(raw['copy']) == cold_start_data.COPY_COUNTS[split]
+  raw, weights, _ = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
+  assert 'bundled:copy/copy' not in raw                             # no library config names it
+  config.sft.sources += ',bundled:copy@0.1'
+  raw, weights, _ = sft.sources(config, split, tokenizer=tok, vocab_size=tok.vocab_size)
+  data = 'teacher' if variant else 'conversations'
+  assert weights == {f'bundled:{data}/reasoning': 0.8, f'bundled:{data}/concise': 0.2, 'bundled:copy/copy': 0.1}
+  assert len(raw['bundled:copy/copy']) == cold_start_data.COPY_COUNTS[split]
   drills, _ = cold_start_data.copy_sources(tok, split=split, count=4, drill=cold_start_data.DRILL_SOURCES['copy'])
-  assert all(np.array_equal(a['tokens'], b['tokens']) for a, b in zip(raw['copy'], drills['copy']))
+  assert all(np.array_equal(a['tokens'], b['tokens']) for a, b in zip(raw['bundled:copy/copy'], drills['copy']))
 
 
 @pytest.mark.fast
 def test_each_drill_is_sft_data_of_its_own_name(tok):
   for name, drill in cold_start_data.DRILL_SOURCES.items():
     config = config_lib.from_file(PIPELINE, name)
-    assert (config.stage, config.sft.data, dict(config.sft.mixture)) == ('sft', name, {name: 1.0})
-    raw, weights = sft.sources(config, 'heldout', tokenizer=tok, vocab_size=tok.vocab_size)
-    assert weights == {name: 1.0} and len(raw[name]) == cold_start_data.COPY_COUNTS['heldout']
+    assert (config.stage, config.sft.sources) == ('sft', f'bundled:{name}')
+    raw, weights, _ = sft.sources(config, 'heldout', tokenizer=tok, vocab_size=tok.vocab_size)
+    label = f'bundled:{name}/{name}'
+    assert weights == {label: 1.0} and len(raw[label]) == cold_start_data.COPY_COUNTS['heldout']
     drills, _ = cold_start_data.copy_sources(tok, split='heldout', count=4, drill=drill)
-    assert all(np.array_equal(a['tokens'], b['tokens']) for a, b in zip(raw[name], drills['copy']))
+    assert all(np.array_equal(a['tokens'], b['tokens']) for a, b in zip(raw[label], drills['copy']))
 
 
 @pytest.mark.fast
@@ -117,9 +116,10 @@ def test_the_pipeline_reads_only_earlier_stages_and_names_registered_data():
   reproduce.check_order(config)
   stages = config.pipeline.stages
   assert tuple(config.pipeline.order)[:3] == ('copy', 'teacher', 'rejection_sampling')
-  assert dict(stages.teacher.sft.mixture) == {'reasoning': 0.72, 'concise': 0.18, 'copy': 0.1}
-  assert [stages[n].sft.data for n in ('copy', 'student_copy', 'student_named', 'student_schema')] == [
-      'copy', 'copy', 'copy_named', 'copy_schema']
-  assert set(stages.sft.sft.mixture) == {'reasoning', 'concise', 'rs', 'copy_schema'}
+  assert stages.teacher.sft.sources == 'bundled:teacher/reasoning@0.72,bundled:teacher/concise@0.18,bundled:copy@0.1'
+  assert [stages[n].sft.sources for n in ('copy', 'student_copy', 'student_named', 'student_schema')] == [
+      'bundled:copy', 'bundled:copy', 'bundled:copy_named', 'bundled:copy_schema']
+  assert [s.split('@')[0] for s in stages.sft.sft.sources.split(',')] == [
+      'bundled:conversations/reasoning', 'bundled:conversations/concise', 'rs_traces:', 'bundled:copy_schema']
   with pytest.raises(errors.UserError, match='cold_start_pipeline.py:fancy'):
     config_lib.from_file(PIPELINE, 'fancy')

@@ -117,10 +117,10 @@ def load_spider(questions: str | pathlib.Path, database_dir: str | pathlib.Path,
 
 
 def load_math_jsonl(path: str | pathlib.Path, *, split: str = 'heldout') -> list[Example]:
-  """Records with `problem` and `answer` (string or number); optional `solution` and `language`."""
+  """Records with `problem` (or `question`) and `answer` (string or number); optional `solution` and `language`."""
   examples = []
   for line, record in read_records(path):
-    problem = _field(record, ('problem',), path, line)
+    problem = _field(record, ('problem', 'question'), path, line)
     answer = _field(record, ('answer',), path, line, kind=(str, int, float))
     examples.append(Example(
         id=f'{pathlib.Path(path).stem}-{line}', task='math', language=_language(record, problem, path, line),

@@ -11,4 +11,7 @@ method's pure loss and a short `run(config, workdir)` on top of it.
     loop.py        `run_training`: resume → steps → log / eval / checkpoint
     rollouts.py    render a prompt, sample with the tool loop, score (RL, rejection sampling, DPO)
     evals.py       held-out evaluation: task correctness by generation, token loss on conversations
+    prompts.py     which examples a stage samples or evaluates: suites and `sources` items alike
+    judging.py     the stage's LLM judge from `config.judge`, its verdicts cached in the workdir
+    artifacts.py   files derived once per workdir under a fingerprint; the data report
 """

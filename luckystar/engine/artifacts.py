@@ -4,13 +4,14 @@ depend on: a re-run reuses them, and one made under other settings is never reus
 
 import json
 import pathlib
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from absl import logging
 import jax
 from jax.experimental import multihost_utils
 
 from luckystar import errors
+from luckystar.data import sources
 
 Files = Mapping[str, str | bytes]   # file name in the workdir → its content
 
@@ -63,3 +64,25 @@ def load_or_build(workdir: str | pathlib.Path, record_name: str, fingerprint: Ma
   if jax.process_count() > 1:  # the other processes may read the files next (a pipeline's next stage)
     multihost_utils.sync_global_devices(f'artifact {path}')
   return {'fingerprint': fingerprint, **record}
+
+
+DATA_REPORT = 'data_report.json'
+
+
+def write_data_report(workdir: str | pathlib.Path, reports: Sequence['sources.Report'], *, train: Sequence[str] = (),
+                      evaluated: Sequence[str] = ()) -> dict[str, Any]:
+  """Logs what a stage read from each source (kept, dropped by reason) and the questions its training data
+  shares with its eval sets (`sources.overlap`, exact and normalised), and writes both to workdir/data_report.json
+  (process 0). A shared question is a warning, not an error: a researcher may mean it."""
+  shared = sources.overlap(train, evaluated)
+  for report in reports:
+    logging.info('data: %s', report.line())
+  if shared['normalised']:
+    logging.warning('data: %d eval questions are also in the training data (%d exactly, %d after normalising '
+                    'case, spacing and punctuation), e.g. %r; figures on them measure recall, not generalisation',
+                    shared['normalised'], shared['exact'], shared['normalised'], shared['examples'][:2])
+  record = {'sources': {report.label: report.as_dict() for report in reports}, 'overlap': shared}
+  if jax.process_index() == 0:
+    pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
+    write_atomically(pathlib.Path(workdir) / DATA_REPORT, json.dumps(record, indent=1, ensure_ascii=False) + '\n')
+  return record

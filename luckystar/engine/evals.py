@@ -141,14 +141,14 @@ def model_respond(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, 
 
 
 def run_examples(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, examples: Sequence[Example],
-                 mode: str, settings: Settings) -> list[Result]:
+                 mode: str, settings: Settings, *, judge: Any = None) -> list[Result]:
   """Rollouts of `examples` in `mode` (greedy, or `settings.samples` each at `settings.temperature`),
-  each with its verdict."""
+  each with its verdict; `judge` (`engine.judging.make`; None: rules only) decides what the rules cannot."""
   if settings.temperature > 0:
     examples = [e for e in examples for _ in range(settings.samples)]
   replies = model_respond(model_config, params, tokenizer, settings)(examples, mode, settings.temperature,
                                                                       settings.seed)
-  return [(e, r, reward.score(e, r.final_turn, r.actions, tool_results=r.tool_results))
+  return [(e, r, reward.score(e, r.final_turn, r.actions, tool_results=r.tool_results, judge=judge))
           for e, r in zip(examples, replies)]
 
 
@@ -207,10 +207,11 @@ def summarize(results: Sequence[Result], mode: str) -> dict[str, float]:
 def korean_mismatch_rate(results: Sequence[Result]) -> float:
   """The paper's Table 2 figure: among Korean prompts with a parsable response, the fraction whose
   response is not Korean (NaN when there is none). "Parsable" reads the response as the verdict's
-  mismatch did: words copied from the tool results are data."""
+  mismatch did: words copied from the tool results are data; a mixed response counts where the
+  judge decided its language."""
   return mean([v.language_mismatch for e, r, v in results
-               if reward.prompt_language(e.prompt) == 'ko' and language.detect(r.final_turn.response,
-                                                                               data=r.tool_results)])
+               if reward.prompt_language(e.prompt) == 'ko' and (
+                   v.language_judged or language.detect(r.final_turn.response, data=r.tool_results))])
 
 
 def hybrid_format_ok(thinking: str | None, response: str | None, verdict: reward.Verdict) -> bool:
@@ -222,13 +223,14 @@ def hybrid_format_ok(thinking: str | None, response: str | None, verdict: reward
 
 
 def evaluate(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, settings: Settings = Settings(),
-             examples: Sequence[Example] | None = None) -> dict[str, float]:
+             examples: Sequence[Example] | None = None, *, judge: Any = None) -> dict[str, float]:
   """Every `eval/*` metric of the module docstring for one set of params, on `examples` (default:
-  `select(settings, tokenizer)`)."""
+  `select(settings, tokenizer)`), scored with `judge` where the rules cannot decide (None: rules only)."""
   examples = select(settings, tokenizer) if examples is None else examples
   metrics = {}
   for mode in settings.modes:
-    metrics.update(summarize(run_examples(model_config, params, tokenizer, examples, mode, settings), mode))
+    metrics.update(summarize(run_examples(model_config, params, tokenizer, examples, mode, settings, judge=judge),
+                             mode))
   if 'reasoning' in settings.modes:
     for key, value in list(metrics.items()):
       if key.startswith('eval/reasoning/') and key.count('/') <= 3:

@@ -4,7 +4,7 @@ directories (float or int4). `luckystar.load` (the api facade) is `load` here.""
 import dataclasses
 import os
 import pathlib
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -69,22 +69,63 @@ class Model:
     `calculator` only; any other action ends the reply), SQLite database path(s), one for all prompts
     or one per prompt, to run `execute_sql` actions on as well, or your own
     tool_fn(prompt_index, action_text) -> result text or None.
-    max_new_tokens bounds each reply, tool turns included.
+    max_new_tokens bounds each reply, tool turns included. `chat` is this for whole conversations.
     """
-    if self.tokenizer is None:
-      raise ValueError('this model has no tokenizer (its directory has neither tokenizer.json nor a tokenizer.model '
-                       'with our chat tokens); copy its tokenizer files into it, or set model.tokenizer')
     single = isinstance(prompts, str)
-    texts = [prompts] if single else list(prompts)
     system_messages = [{'role': 'system', 'content': system}] if system is not None else []
-    rendered = [self.tokenizer.render([*system_messages, {'role': 'user', 'content': text}], mode,
-                                      add_generation_prompt=True)[0] for text in texts]
+    conversations = [[*system_messages, {'role': 'user', 'content': text}]
+                     for text in ([prompts] if single else prompts)]
+    generations = self.chat(conversations, mode, max_new_tokens=max_new_tokens, temperature=temperature,
+                            top_k=top_k, top_p=top_p, seed=seed, tools=tools, max_tool_turns=max_tool_turns,
+                            max_tool_result_tokens=max_tool_result_tokens)
+    return generations[0] if single else generations
+
+  def chat(self, conversations: Sequence[dict] | Sequence[Sequence[dict]], mode: str = 'reasoning', *,
+           max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+           tools: Tools = None, max_tool_turns: int = 4, max_tool_result_tokens: int = 512
+           ) -> 'Generation | list[Generation]':
+    """The assistant's next turn after whole conversations: one conversation (a list of message dicts as
+    `Tokenizer.render` reads them: system / user / assistant / tool, assistant turns with `thinking` /
+    `action` / `response`) gives one Generation, a list of conversations a list, sampled together.
+
+    mode picks the system preamble (a system message's content follows it); the other arguments are
+    `generate`'s. A malformed conversation (an unknown role, a system message after the first) is a
+    ValueError before any sampling.
+    """
+    tokenizer = self._chat_tokenizer()
+    single = bool(conversations) and isinstance(conversations[0], Mapping)
+    conversations = [conversations] if single else list(conversations)
+    rendered = [tokenizer.render(messages, mode, add_generation_prompt=True)[0] for messages in conversations]
     rollouts = sampling.rollout(
-        self.config, self.params, self.tokenizer, rendered, rng=jax.random.key(seed), max_new_tokens=max_new_tokens,
-        tool_fn=_tool_fn(tools, len(texts)), max_tool_turns=max_tool_turns,
+        self.config, self.params, tokenizer, rendered, rng=jax.random.key(seed), max_new_tokens=max_new_tokens,
+        tool_fn=_tool_fn(tools, len(rendered)), max_tool_turns=max_tool_turns,
         max_tool_result_tokens=max_tool_result_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
     generations = [self._generation(r) for r in rollouts]
     return generations[0] if single else generations
+
+  def reply_logprobs(self, messages: Sequence[dict], replies: Sequence[str], mode: str = 'reasoning'
+                     ) -> np.ndarray:
+    """log P(reply) [len(replies)] float64: each reply scored as the assistant's whole next turn after
+    `messages` in `mode`, a response section holding exactly that text and nothing before it (no thinking,
+    no action), then the turn's end; the sum of its token log-probs (the tokens `render`'s loss mask marks).
+
+    The end tokens make a reply that is a prefix of another ("YES" and "YESTERDAY") its own choice, and the
+    section and turn markers every reply shares cancel between replies, so argmax picks among them
+    whatever the mode: a constrained choice (`luckystar.serve`'s guided_choice) without sampling.
+    """
+    tokenizer = self._chat_tokenizer()
+    if not replies:
+      raise ValueError('replies is empty; give at least one reply to score')
+    rendered = [tokenizer.render([*messages, {'role': 'assistant', 'response': reply}], mode) for reply in replies]
+    # Right padding never reaches the real tokens (attention is causal); rounded shapes reuse one program.
+    rows, length = 1 << (len(rendered) - 1).bit_length(), -(-max(len(ids) for ids, _ in rendered) // 64) * 64
+    token_ids, scored = np.zeros((rows, length), np.int32), np.zeros((rows, length), bool)
+    for row, (ids, mask) in enumerate(rendered):
+      token_ids[row, :len(ids)], scored[row, :len(mask)] = ids, mask
+    logits = self.logits(token_ids)[:, :-1]                                         # [rows, length - 1, V]
+    chosen = jnp.take_along_axis(logits, token_ids[:, 1:, None], axis=-1)[..., 0] - jax.nn.logsumexp(logits, -1)
+    chosen = np.asarray(chosen, np.float64)
+    return np.where(scored[:, 1:], chosen, 0.0).sum(axis=1)[:len(replies)]
 
   def quantize(self, *, group_size: int = 128, scale_dtype: str = 'bfloat16', bits: int = 4) -> 'Model':
     """This model with int weights (AQT CONVERT → SERVE, luckystar/quant): symmetric, weight-only, one
@@ -120,6 +161,12 @@ class Model:
     elif not quant.is_served(config):
       config, params = quant.convert(config, params, group_size=group_size, scale_dtype=dtype)
     hf.save_hf(path, config, params, dtype=dtype, tokenizer=self.tokenizer)
+
+  def _chat_tokenizer(self) -> tokenizer_lib.Tokenizer:
+    if self.tokenizer is None:
+      raise ValueError('this model has no tokenizer (its directory has neither tokenizer.json nor a tokenizer.model '
+                       'with our chat tokens); copy its tokenizer files into it, or set model.tokenizer')
+    return self.tokenizer
 
   def _generation(self, rollout: sampling.Rollout) -> Generation:
     turn = rollout.final_turn

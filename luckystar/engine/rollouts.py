@@ -46,11 +46,12 @@ def task_tools(examples: Sequence[Example]) -> sampling.ToolFn:
 def generate_and_score(model_config: model.ModelConfig, params: Any, tokenizer: Tokenizer, examples: Sequence[Example],
                        prompts: Sequence[Sequence[int]], rng: jax.Array, *, samples_per_prompt: int,
                        sampling_settings: Any, max_tool_turns: int, max_tool_result_tokens: int,
-                       language_penalty: float, drop_overlong: bool) -> list[list[Scored]]:
+                       language_penalty: float, drop_overlong: bool, judge: Any = None) -> list[list[Scored]]:
   """`samples_per_prompt` rollouts of each prompt, scored by the verifiers: [prompts][k].
 
   sampling_settings: temperature, top_k, top_p, max_new_tokens (`config.sampling`). With
-  `drop_overlong`, an overlong rollout gets reward None (out of RLOO's baseline and loss)."""
+  `drop_overlong`, an overlong rollout gets reward None (out of RLOO's baseline and loss). judge: the
+  stage's LLM judge (`engine.judging.make`), asked where the rules cannot decide; None: rules only."""
   rows = [i for i in range(len(examples)) for _ in range(samples_per_prompt)]
   results = sampling.rollout(
       model_config, params, tokenizer, [prompts[i] for i in rows], rng=rng,
@@ -60,7 +61,7 @@ def generate_and_score(model_config: model.ModelConfig, params: Any, tokenizer: 
   groups = [[] for _ in examples]
   for i, rollout in zip(rows, results):
     verdict = reward_lib.score(examples[i], rollout.final_turn, rollout.actions,
-                               tool_results=rollout.tool_results, language_penalty=language_penalty)
+                               tool_results=rollout.tool_results, language_penalty=language_penalty, judge=judge)
     if rollout.overlong and drop_overlong:
       verdict = dataclasses.replace(verdict, reward=None)
     groups[i].append(Scored(examples[i], rollout, verdict))

@@ -17,7 +17,16 @@ they differ only in how a prompt becomes text:
   model's greedy generate.
 
 Build one from the config with `make_judge(config.judge)`; `{'backend': 'none'}`
-(the default) gives None, and callers then skip the judge.
+(the default) gives None, and callers then skip the judge. A stage builds its judge
+with `luckystar.engine.judging.make`, which also loads a 'model' backend's
+`config.judge.init_from` and keeps the verdict cache in the workdir across runs.
+
+`guided_choice` (default on) asks the server to constrain its answer to YES or NO
+with vLLM's structured-choice extension: a judge then never wastes a request on a
+verdict it cannot parse (a chatty "The candidate..." cut at max_tokens), and a
+reasoning model cannot spend max_tokens thinking. vLLM and `python -m luckystar.serve`
+accept it; a server without it (OpenAI's own API) refuses the request with a 400,
+counted as a failure: set `config.judge.guided_choice=False` for one.
 """
 
 import collections
@@ -31,6 +40,7 @@ import socket
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any, Callable, Mapping
 
@@ -62,9 +72,84 @@ _VERDICT_WORDS = {'yes': True, 'true': True, '예': True, '네': True,
                   'no': False, 'false': False, '아니오': False, '아니요': False, '아니': False}
 _VERDICT_RE = re.compile(r'\b(' + '|'.join(sorted(_VERDICT_WORDS, key=len, reverse=True)) + r')\b', re.IGNORECASE)
 _THINKING_RE = re.compile(r'<think>.*?(?:</think>|\Z)', re.DOTALL | re.IGNORECASE)
-CONFIG_KEYS = ('backend', 'base_url', 'model', 'timeout_s', 'retries', 'backoff_s', 'api_key_env',
-               'max_tokens', 'cache_size')
+VERDICT_CHOICES = ('YES', 'NO')   # what guided_choice lets the server answer
 BACKENDS = ('none', 'http', 'model')
+# config.judge: every key with its default (luckystar.config.base); 'http' reads base_url, model, guided_choice,
+# timeout_s, retries, backoff_s, api_key_env; 'model' reads init_from; both read max_tokens and cache_size.
+DEFAULTS = dict(backend='none', base_url='', model='', init_from='', guided_choice=True, timeout_s=10.0, retries=2,
+                backoff_s=0.5, api_key_env='', max_tokens=8, cache_size=4096)
+CONFIG_KEYS = tuple(DEFAULTS)
+_LOOPBACK = ('127.0.0.1', 'localhost', '::1')
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # not NaN
+
+
+_DOMAINS = {  # key: (what it must be, test)
+    'backend': (f'one of {BACKENDS}', lambda v: v in BACKENDS),
+    'base_url': ('a str', lambda v: isinstance(v, str)),
+    'model': ('a str', lambda v: isinstance(v, str)),
+    'init_from': ('a str', lambda v: isinstance(v, str)),
+    'api_key_env': ('a str', lambda v: isinstance(v, str)),
+    'guided_choice': ('True or False', lambda v: isinstance(v, bool)),
+    'timeout_s': ('a number > 0', lambda v: _is_number(v) and v > 0),
+    'retries': ('an integer ≥ 0', lambda v: _is_int(v) and v >= 0),
+    'backoff_s': ('a number ≥ 0', lambda v: _is_number(v) and v >= 0),
+    'max_tokens': ('an integer ≥ 1', lambda v: _is_int(v) and v >= 1),
+    'cache_size': ('an integer ≥ 0 (0: no cache)', lambda v: _is_int(v) and v >= 0),
+}
+
+
+def config_problems(config: Mapping[str, Any] | None, where: str = 'config.judge', *,
+                    require_init_from: bool = True) -> list[str]:
+  """What is wrong with a judge config, one message per key naming `<where>.<key>`; [] when it is usable.
+
+  Checked up front (`luckystar.config.check`) and again by `make_judge`: unknown keys, a backend
+  outside BACKENDS, values outside their domain, the keys the backend needs (http: base_url, model;
+  model: init_from, unless `require_init_from` is False because the caller brings its own generate_fn),
+  and an api_key_env naming an unset environment variable."""
+  if config is None:
+    return []
+  if not hasattr(config, 'items'):
+    return [f'{where}={config!r} is not a dict of judge settings (keys: {CONFIG_KEYS})']
+  config = dict(config.to_dict() if hasattr(config, 'to_dict') else config)
+  problems = [f'{where}.{key} is not a judge setting (unknown key; known keys: {", ".join(CONFIG_KEYS)})'
+              for key in sorted(set(config) - set(CONFIG_KEYS))]
+  problems += [f'{where}.{key}={value!r} is not {_DOMAINS[key][0]}' for key, value in config.items()
+               if key in _DOMAINS and not _DOMAINS[key][1](value)]
+  backend = config.get('backend', 'none')
+  if backend == 'http':
+    if not config.get('base_url'):
+      problems.append(f"{where}.backend='http' needs {where}.base_url (e.g. 'http://127.0.0.1:8000')")
+    if not config.get('model'):
+      problems.append(f"{where}.backend='http' needs {where}.model (the served model name, as the server "
+                      f'lists it at /v1/models)')
+    base_url = config.get('base_url')
+    if isinstance(base_url, str) and base_url and not base_url.startswith(('http://', 'https://')):
+      problems.append(f'{where}.base_url={base_url!r} must start with http:// or https://')
+    api_key_env = config.get('api_key_env')
+    if isinstance(api_key_env, str) and api_key_env and not os.environ.get(api_key_env):
+      problems.append(f'{where}.api_key_env={api_key_env!r}, but that environment variable is empty or unset')
+  if backend == 'model' and require_init_from and not config.get('init_from'):
+    problems.append(f"{where}.backend='model' needs {where}.init_from (a bundled model name such as 'tiny-sft', "
+                    f'a luckystar run directory or a transformers directory)')
+  return problems
+
+
+def prompt_digest() -> str:
+  """What a cached verdict depends on besides the backend: the prompt, the criteria and the cache key's form.
+  Another digest means other questions were asked, so verdicts cached under it are not reused."""
+  return hashlib.sha256(json.dumps(['cache key v1', PROMPT, CRITERIA], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cache_key(question: str, reference: str, candidate: str, criterion: str) -> str:
+  """A verdict's key in the cache (and in the workdir's persisted cache)."""
+  return hashlib.sha256(json.dumps([criterion, question, reference, candidate]).encode()).hexdigest()
 
 
 class JudgeError(Exception):
@@ -124,6 +209,10 @@ class Judge:
     self.stats = JudgeStats()
     self._cache: collections.OrderedDict[str, bool] = collections.OrderedDict()
     self._lock = threading.Lock()  # rollouts may judge from several threads
+    self.cache_version = 0     # verdicts cached so far: a persisted cache is rewritten only when it moved
+    # What makes two judges' verdicts interchangeable (backend, server and model, prompt digest): set by
+    # luckystar.engine.judging.make, the fingerprint of the cache it keeps in the workdir.
+    self.identity: dict[str, Any] | None = None
 
   def _complete(self, prompt: str) -> str:
     raise NotImplementedError
@@ -131,7 +220,7 @@ class Judge:
   def __call__(self, question: str, reference: str, candidate: str, *, criterion: str) -> bool | None:
     """True/False verdict on `candidate` under `criterion`; None if the judge failed (counted)."""
     prompt = render_prompt(question, reference, candidate, criterion)
-    key = hashlib.sha256(json.dumps([criterion, question, reference, candidate]).encode()).hexdigest()
+    key = cache_key(question, reference, candidate, criterion)
     with self._lock:
       self.stats.calls += 1
       if key in self._cache:
@@ -154,9 +243,26 @@ class Judge:
         return None
       if self.cache_size:  # only verdicts are cached: a failure is retried on the next call
         self._cache[key] = verdict
+        self.cache_version += 1
         while len(self._cache) > self.cache_size:
           self._cache.popitem(last=False)
     return verdict
+
+  def verdicts(self) -> dict[str, bool]:
+    """The cached verdicts by `cache_key`, least recently used first: what engine.judging persists."""
+    with self._lock:
+      return dict(self._cache)
+
+  def preload(self, verdicts: Mapping[str, bool]) -> None:
+    """Verdicts an earlier run of the same judge cached (`verdicts()`), oldest first; asked again, they are
+    answered from the cache and count as cache hits. Entries that are not str → bool are skipped."""
+    with self._lock:
+      for key, verdict in verdicts.items():
+        if isinstance(key, str) and isinstance(verdict, bool) and self.cache_size:
+          self._cache[key] = verdict
+          self._cache.move_to_end(key)
+      while len(self._cache) > self.cache_size:
+        self._cache.popitem(last=False)
 
   def _count_request(self) -> None:
     with self._lock:
@@ -195,14 +301,18 @@ def chat_completions_url(base_url: str) -> str:
 class HttpJudge(Judge):
   """A judge behind an OpenAI-compatible chat-completions server (vLLM, SGLang, TGI, ...).
 
-  Temperature 0 and a few output tokens. Timeouts, connection errors, 429 and
-  5xx are retried `retries` times with exponential backoff (backoff_s, 2·backoff_s, ...);
-  other 4xx errors are the request's fault (wrong model name, bad key) and fail at once.
+  Temperature 0 and a few output tokens; with `guided_choice`, the answer constrained to YES or NO
+  (vLLM's structured-choice extension, both its older `guided_choice` and newer
+  `structured_outputs` spelling). Timeouts, connection errors, 429 and 5xx are retried `retries`
+  times with exponential backoff (backoff_s, 2·backoff_s, ...): a refused connection fails at once,
+  it waits for the backoff only, never for timeout_s. Other 4xx errors are the request's fault
+  (wrong model name, bad key, an unknown extension) and fail at once. A server on this machine
+  (127.0.0.1, localhost) is reached directly, whatever http_proxy says.
   """
 
   def __init__(self, base_url: str, model: str, *, timeout_s: float = 10.0, retries: int = 2,
                backoff_s: float = 0.5, api_key: str | None = None, max_tokens: int = 8,
-               cache_size: int = 4096):
+               guided_choice: bool = True, cache_size: int = 4096):
     super().__init__(cache_size=cache_size)
     if not base_url or not model:
       raise ValueError(f'HttpJudge needs base_url and model (the served model name), got '
@@ -216,10 +326,17 @@ class HttpJudge(Judge):
     self.backoff_s = backoff_s
     self.api_key = api_key
     self.max_tokens = max_tokens
+    self.guided_choice = guided_choice
+    loopback = urllib.parse.urlsplit(self.url).hostname in _LOOPBACK
+    self._opener = urllib.request.build_opener(*([urllib.request.ProxyHandler({})] if loopback else []))
 
   def payload(self, prompt: str) -> dict[str, Any]:
-    return {'model': self.model, 'messages': [{'role': 'user', 'content': prompt}],
-            'temperature': 0, 'max_tokens': self.max_tokens}
+    payload = {'model': self.model, 'messages': [{'role': 'user', 'content': prompt}],
+               'temperature': 0, 'max_tokens': self.max_tokens}
+    if self.guided_choice:  # both spellings: vLLM before and after it renamed the extension
+      payload['guided_choice'] = list(VERDICT_CHOICES)
+      payload['structured_outputs'] = {'choice': list(VERDICT_CHOICES)}
+    return payload
 
   def _request(self, body: bytes) -> str:
     """One attempt. Raises _Retryable for what may pass, JudgeError for what will not."""
@@ -229,14 +346,16 @@ class HttpJudge(Judge):
     request = urllib.request.Request(self.url, data=body, headers=headers, method='POST')
     self._count_request()
     try:
-      with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+      with self._opener.open(request, timeout=self.timeout_s) as response:
         raw = response.read()
     except urllib.error.HTTPError as error:
       detail = error.read(300).decode('utf-8', 'replace')
       message = f'{self.url}: HTTP {error.code} {detail}'
       if error.code == 429 or error.code >= 500:
         raise _Retryable(message) from error
-      raise JudgeError(f'{message} (not retried: check the model name {self.model!r} and the API key)'
+      hint = (', or set config.judge.guided_choice=False for a server without vLLM\'s structured-choice '
+              'extension' if self.guided_choice else '')
+      raise JudgeError(f'{message} (not retried: check the model name {self.model!r} and the API key{hint})'
                        ) from error
     except (urllib.error.URLError, http.client.HTTPException, socket.timeout, TimeoutError,
             ConnectionError) as error:
@@ -264,38 +383,28 @@ def make_judge(config: Mapping[str, Any] | None, *, generate_fn: Callable[[str],
                ) -> Judge | None:
   """A judge from `config.judge`, or None when it is off (`backend: 'none'`, the default).
 
-  Keys: backend ('none' | 'http' | 'model'); for 'http': base_url, model,
-  timeout_s, retries, backoff_s, max_tokens, api_key_env (the name of the
-  environment variable holding the key, so the key never lands in config.json);
-  cache_size for both. 'model' needs `generate_fn`, e.g. a loaded model's
-  greedy generate, and ignores the http keys (a config may define them all).
+  Keys (DEFAULTS; a key left out takes its default): backend ('none' | 'http' | 'model'); for 'http':
+  base_url, model, guided_choice, timeout_s, retries, backoff_s, max_tokens, api_key_env (the name
+  of the environment variable holding the key, so the key never lands in config.json); cache_size for
+  both. 'model' needs `generate_fn`, e.g. a loaded model's greedy generate (engine.judging.make builds
+  it from init_from and max_tokens), and ignores the http keys (a config may define them all).
+  A config `config_problems` finds fault with is a ValueError naming every faulty key.
   """
   if config is None:
     return None
-  config = dict(config.to_dict() if hasattr(config, 'to_dict') else config)
-  unknown = sorted(set(config) - set(CONFIG_KEYS))
-  if unknown:
-    raise ValueError(f'config.judge has unknown keys {unknown}; known keys: {CONFIG_KEYS}')
-  backend = config.pop('backend', 'none') or 'none'
-  if backend not in BACKENDS:
-    raise ValueError(f'config.judge.backend={backend!r}; expected one of {BACKENDS}')
+  if problems := config_problems(config, require_init_from=False):
+    raise ValueError('; '.join(problems))
+  config = {**DEFAULTS, **(config.to_dict() if hasattr(config, 'to_dict') else config)}
+  backend = config['backend']
   if backend == 'none':
     return None
-  cache = {'cache_size': config.pop('cache_size')} if 'cache_size' in config else {}
   if backend == 'model':
     if generate_fn is None:
       raise ValueError("config.judge.backend='model' needs generate_fn= (a callable prompt_text -> text, "
-                       "e.g. a loaded luckystar model's greedy generate)")
-    return ModelJudge(generate_fn, **cache)
-  for key in ('base_url', 'model'):
-    if not config.get(key):
-      raise ValueError(f"config.judge.backend='http' needs config.judge.{key} "
-                       f"(e.g. base_url='http://127.0.0.1:8000', model=<the served model name>)")
-  api_key = None
-  if config.get('api_key_env'):
-    api_key = os.environ.get(config['api_key_env'])
-    if not api_key:
-      raise ValueError(f"config.judge.api_key_env={config['api_key_env']!r}, but that environment variable "
-                       f'is empty or unset')
-  options = {key: config[key] for key in ('timeout_s', 'retries', 'backoff_s', 'max_tokens') if key in config}
-  return HttpJudge(config['base_url'], config['model'], api_key=api_key, **options, **cache)
+                       "e.g. a loaded luckystar model's greedy generate; luckystar.engine.judging.make builds it "
+                       'from config.judge.init_from)')
+    return ModelJudge(generate_fn, cache_size=config['cache_size'])
+  api_key = os.environ.get(config['api_key_env']) if config['api_key_env'] else None
+  return HttpJudge(config['base_url'], config['model'], api_key=api_key,
+                   **{key: config[key] for key in ('timeout_s', 'retries', 'backoff_s', 'max_tokens', 'guided_choice',
+                                                   'cache_size')})

@@ -196,24 +196,31 @@ def mismatch(prompt_language: str | None, response: str | None, *, data: Sequenc
   too, as DESIGN §5's reward says. The paper's reported figure is Korean →
   English only: compute `language_mismatch` over Korean prompts alone.
   """
+  return mismatch_verdict(prompt_language, response, data=data, judge=judge)[0]
+
+
+def mismatch_verdict(prompt_language: str | None, response: str | None, *, data: Sequence[str] = (),
+                     judge: Callable[..., bool | None] | None = None) -> tuple[bool, bool]:
+  """(`mismatch`, whether the judge decided it): True only where the rules left the response mixed and
+  the judge gave a verdict, so a caller can count such responses as decided."""
   if prompt_language is None:
-    return False
+    return False, False
   if prompt_language not in LANGUAGES:
     raise ValueError(f'prompt_language must be one of {LANGUAGES} or None (from classify_prompt), '
                      f'got {prompt_language!r}')
   if response is None or not response.strip():
-    return False
+    return False, False
   weights = word_weights(response, data)
   korean, latin, other = weights
   total = korean + latin + other
   if total < MIN_WEIGHT:
-    return False
+    return False, False
   language = _decide(weights, KOREAN_SHARE, ENGLISH_SHARE, MIN_WEIGHT)
   if language is not None:
-    return language != prompt_language
+    return language != prompt_language, False
   if (korean if prompt_language == 'ko' else latin) / total < ABSENT_SHARE:
-    return True
+    return True, False
   if judge is None:
-    return False
+    return False, False
   verdict = judge('', LANGUAGE_NAMES[prompt_language], response, criterion='language')
-  return verdict is False
+  return verdict is False, verdict is not None

@@ -33,6 +33,7 @@ class Verdict:
   language_mismatch: bool
   reward: float | None        # None exactly when correct is None
   judged: bool = False        # the judge, not a rule, decided correctness
+  language_judged: bool = False   # the judge, not a rule, decided language_mismatch (a mixed response)
 
 
 @functools.lru_cache(maxsize=100_000)
@@ -89,9 +90,12 @@ def score(example: Example, turn: AssistantTurn, actions: Sequence[str] = (), *,
   """Reward of one finished rollout: `turn` is its final assistant turn, `actions` every action text
   it emitted, in order, `tool_results` the results it read (`Rollout.tool_results`: values it quotes
   from them are data to the language check). `judge` (see rewards.judge) is asked only where the rules
-  return None."""
+  cannot decide: correctness where the verifier returns None ('equivalent'), the response's language
+  where it is mixed ('language'). A failed verdict leaves correctness None (unscorable) and gives no
+  language penalty; the judge counts it."""
   well_formed = format_ok(example.task, turn, actions)
-  mismatch = language.mismatch(prompt_language(example.prompt), turn.response, data=tool_results)
+  mismatch, language_judged = language.mismatch_verdict(prompt_language(example.prompt), turn.response,
+                                                        data=tool_results, judge=judge)
   correct, judged = False, False
   if well_formed:
     correct = is_correct(example, turn, actions, db_path=db_path, timeout_s=timeout_s)
@@ -99,4 +103,5 @@ def score(example: Example, turn: AssistantTurn, actions: Sequence[str] = (), *,
       correct = judge(example.prompt, example.answer, turn.response or '', criterion='equivalent')
       judged = correct is not None
   reward = None if correct is None else float(correct) - language_penalty * float(mismatch)
-  return Verdict(correct=correct, format_ok=well_formed, language_mismatch=mismatch, reward=reward, judged=judged)
+  return Verdict(correct=correct, format_ok=well_formed, language_mismatch=mismatch, reward=reward, judged=judged,
+                 language_judged=language_judged)

@@ -41,7 +41,8 @@ The stage (`run`):
      kind, mode, policy, sampling settings, sample index, lengths, whether the rejected reply was
      correct, its stop reason and text) and `workdir/dpo_pairs.json` (the config fingerprint and
      counts; written last). A re-run reuses them; a changed config fingerprint is an error.
-     `config.dpo.pairs_file` reads a pair file made elsewhere instead. Anchors: `pair_prompts` train
+     `config.dpo.sources` reads preference data instead (`luckystar.data.sources`: TRL's preference_jsonl, or
+     dpo_pairs files this stage wrote elsewhere), mixed by their weights. Anchors: `pair_prompts` train
      prompts of `config.dpo.anchor_tasks` are sampled the same way in each of `config.dpo.anchor_modes`
      (default reasoning), and each prompt's first sample that is correct, in the prompt's language and
      finished becomes an anchor row. Sampling runs the tool loop (`max_tool_turns`): reasoning mode
@@ -79,7 +80,7 @@ import tqdm
 
 from luckystar import errors
 from luckystar import model
-from luckystar.data import conversations, pipeline
+from luckystar.data import conversations, pipeline, sources
 from luckystar.data.examples import Example
 from luckystar.engine import artifacts, evals, logprobs, loop, optim, prompts, rollouts
 from luckystar.engine import state as state_lib
@@ -226,13 +227,19 @@ def pair_batch(pairs: Sequence[Mapping[str, Any]], indices: Sequence[int], refer
 
 
 def training_batches(pairs: Sequence[Mapping[str, Any]], reference: np.ndarray, *, batch_size: int, seed: int,
-                     length_multiple: int) -> grain.DatasetIterator:
-  """A checkpointable iterator of this process's shuffled pair batches, epoch after epoch."""
+                     length_multiple: int, weights: Mapping[str, float] | None = None) -> grain.DatasetIterator:
+  """A checkpointable iterator of this process's shuffled pair batches, epoch after epoch; with `weights`
+  (source label → weight, pairs carrying their `source`), drawn from the sources in those proportions."""
   indices = pipeline.shard(grain.MapDataset.range(len(pairs)))
   if len(indices) < batch_size:
     raise errors.UserError(f'{len(indices)} DPO pairs for this process, fewer than the {batch_size} a batch '
                            f'needs (config.batch_size); build more pairs (config.dpo.pair_prompts) or lower it')
-  return iter(indices.shuffle(seed=seed).repeat().batch(batch_size, drop_remainder=True)
+  if weights and len(weights) > 1:
+    by_source = {label: [i for i, pair in enumerate(pairs) if pair['source'] == label] for label in weights}
+    stream = pipeline.mixture(by_source, weights, seed=seed)
+  else:
+    stream = indices.shuffle(seed=seed).repeat()
+  return iter(stream.batch(batch_size, drop_remainder=True)
               .map(lambda chunk: pair_batch(pairs, chunk, reference, length_multiple=length_multiple))
               .to_iter_dataset())
 
@@ -416,8 +423,8 @@ def read_pairs(path: pathlib.Path, tokenizer: Tokenizer) -> list[dict[str, Any]]
   try:
     lines = path.read_text(encoding='utf-8').splitlines()
   except FileNotFoundError:
-    raise FileNotFoundError(f'{path}: no such DPO pair file (config.dpo.pairs_file); set it to "" to build '
-                            'pairs from the policy') from None
+    raise errors.MissingFile(f'{path}: no such DPO pair file ({SOURCES_KEY}); set it to "" to build '
+                             'pairs from the policy') from None
   pairs = []
   for number, line in enumerate(lines, start=1):
     if not line.strip():
@@ -446,13 +453,36 @@ def read_pairs(path: pathlib.Path, tokenizer: Tokenizer) -> list[dict[str, Any]]
   return pairs
 
 
+SOURCES_KEY = 'config.dpo.sources'
+
+
+def read_sources(config, tokenizer: Tokenizer) -> tuple[list[dict[str, Any]], list[sources.Report]]:
+  """The pairs of `config.dpo.sources` (TRL preference files, or pair files this stage wrote), each tagged
+  with its `source`, and a report per source; every record checked before the first step."""
+  pairs, reports = [], []
+  for source in sources.parse(config.dpo.sources, key=SOURCES_KEY, formats=sources.PREFERENCE_FORMATS):
+    if source.format == 'dpo_pairs':
+      read = read_pairs(source.path, tokenizer)
+      report = sources.Report(source.label, kept=len(read), digest=sources.digest(source),
+                              questions=[p['question'] for p in read if p.get('question')])
+    else:
+      read, report = sources.preference_pairs(source, tokenizer)
+    if not read:
+      raise errors.UserError(f'{source.location}: no preference pairs ({SOURCES_KEY}, {source.format})')
+    pairs += [{**pair, 'source': source.label} for pair in read]
+    reports.append(report)
+  return pairs, reports
+
+
 def load_or_build_pairs(config, workdir: pathlib.Path, model_config: model.ModelConfig, params: Any,
                         tokenizer: Tokenizer) -> list[dict[str, Any]]:
-  """`config.dpo.pairs_file` if set; else the workdir's pairs (`artifacts.load_or_build` under
+  """The pairs of `config.dpo.sources` if set; else the workdir's pairs (`artifacts.load_or_build` under
   `pairs_fingerprint`), built now on the first run."""
-  if config.dpo.pairs_file:
-    pairs = read_pairs(pathlib.Path(config.dpo.pairs_file), tokenizer)
-    logging.info('DPO pairs: %d from %s (config.dpo.pairs_file)', len(pairs), config.dpo.pairs_file)
+  if config.dpo.get('sources'):
+    pairs, reports = read_sources(config, tokenizer)
+    eval_settings = evals.Settings.from_config(config.dpo.task_eval)
+    evaluated = [e.prompt for e in evals.select(eval_settings, tokenizer)] if eval_settings.per_task_language else []
+    artifacts.write_data_report(workdir, reports, train=[q for r in reports for q in r.questions], evaluated=evaluated)
     return pairs
   built = []
 
@@ -550,8 +580,9 @@ def run(config, workdir: str) -> None:
   if config.batch_size % jax.process_count():
     raise ValueError(f'config.batch_size={config.batch_size} pairs per step does not split over '
                      f'{jax.process_count()} processes')
+  weights = (sources.weights(sources.parse(settings.sources, key=SOURCES_KEY)) if settings.get('sources') else None)
   batches = training_batches(pairs, reference, batch_size=config.batch_size // jax.process_count(), seed=config.seed,
-                             length_multiple=settings.length_multiple)
+                             length_multiple=settings.length_multiple, weights=weights)
 
   eval_settings = evals.Settings.from_config(settings.task_eval)
 

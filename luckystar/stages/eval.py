@@ -8,9 +8,13 @@ Suites (`config.eval.suites`), each answered in every mode of `config.eval.modes
     champ                  CHAMP competition problems (`champ-dataset` package, en): pass@1 and pass@k
     nl2sql                 held-out databases, the agent runs its SQL in the sandbox: execution accuracy
     bfcl                   real BFCL v4 simple / multiple / parallel (`bfcl-eval` package): AST match
-    korean_mc              KoBALT-format 10-option multiple choice (+ `kobalt_file`): accuracy
+    korean_mc              KoBALT-format 10-option multiple choice: accuracy
     chat                   concise chat questions: correctness
     instruction_following  generated, rule-verified constraints (data.instruction_following)
+
+and one suite per item of `config.eval.sources` (`luckystar.data.sources`: math_jsonl, spider, bird, bfcl,
+kobalt_jsonl, bundled), named `<format>:<file stem>` (`kobalt_jsonl:kobalt`), its first `per_suite_language`
+prompts per language; a math_jsonl suite also gets pass@k.
 
 Per suite and mode: `correctness` (correct among scorable), `correctness/<language>` (and `/<category>` for
 BFCL), `response_length` (generated tokens), `language_mismatch` (paper Table 2: Korean prompts whose
@@ -36,9 +40,9 @@ import tqdm
 
 from luckystar import errors
 from luckystar import tokenizer as tokenizer_lib
-from luckystar.data import bfcl, champ, instruction_following, loaders
+from luckystar.data import bfcl, champ, instruction_following, sources
 from luckystar.data.examples import Example
-from luckystar.engine import evals, prompts
+from luckystar.engine import artifacts, evals, judging, prompts
 from luckystar.engine import metrics as metrics_lib
 from luckystar.engine import state as state_lib
 from luckystar.rewards import reward
@@ -48,6 +52,14 @@ PASS_K_SUITES = ('math', 'champ')
 HEADLINE = {'math': 'pass@1', 'champ': 'pass@1', 'nl2sql': 'execution accuracy', 'bfcl': 'AST match',
             'korean_mc': 'accuracy', 'chat': 'correctness', 'instruction_following': 'instructions followed'}
 NO_LANGUAGE_FIGURE = ('instruction_following',)  # asks for the other language on purpose
+SOURCE_HEADLINE = {'math_jsonl': 'pass@1', 'spider': 'execution accuracy', 'bird': 'execution accuracy',
+                   'bfcl': 'AST match', 'kobalt_jsonl': 'accuracy'}
+
+
+def headline(suite: str) -> str:
+  """The figure a suite reports: a built-in suite's, or for a source's suite (`format:name`) its format's."""
+  form, _, name = suite.partition(':')
+  return HEADLINE.get(suite) or SOURCE_HEADLINE.get(form) or HEADLINE.get(name, 'correctness')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +71,7 @@ class Settings:
   bfcl_categories: Sequence[str] = ('simple_python', 'multiple', 'parallel')
   bfcl_per_category: int = 16
   champ_problems: int = 16
-  kobalt_file: str = ''
+  sources: str = ''
   pass_k: Sequence[int] = (1, 4)
   pass_k_samples: int = 4
   pass_k_problems: int = 8
@@ -103,8 +115,6 @@ def suite_examples(name: str, settings: Settings, tokenizer: tokenizer_lib.Token
   if name in ('math', 'nl2sql', 'korean_mc', 'chat'):
     examples = prompts.prompt_set((name,), 'heldout', seed=settings.seed, per_language=per_language,
                                   tokenizer=tokenizer)
-    if name == 'korean_mc' and settings.kobalt_file:
-      examples += loaders.load_kobalt_jsonl(settings.kobalt_file)[:per_language]
     return examples
   if name == 'champ':
     if not champ.available():
@@ -121,10 +131,31 @@ def suite_examples(name: str, settings: Settings, tokenizer: tokenizer_lib.Token
   raise ValueError(f'unknown suite {name!r}; expected one of {SUITES}')
 
 
-def score(suite: str, example: Example, reply) -> reward.Verdict:
-  """The task's verifier (rewards.reward.score), or the instruction's rule for instruction following."""
+SOURCES_KEY = 'config.eval.sources'
+
+
+def source_suites(settings: Settings, tokenizer: tokenizer_lib.Tokenizer | None
+                  ) -> tuple[dict[str, list[Example]], list[sources.Report]]:
+  """The suites of `settings.sources`, by name (`<format>:<file stem or bundled name>`), and a report per source."""
+  suites, reports = {}, []
+  for source in sources.parse(settings.sources, key=SOURCES_KEY, formats=sources.PROMPT_FORMATS):
+    is_file = source.format not in ('bundled', 'bfcl')
+    name = f'{source.format}:{source.path.stem if is_file else source.location}'
+    if name in suites or name in SUITES:
+      raise errors.UserError(f'{SOURCES_KEY}: two suites would be named {name!r}; rename one of the files')
+    examples, source_reports = prompts.from_sources(
+        f'{source.label}@{source.weight:g}', key=SOURCES_KEY, split='heldout', seed=settings.seed,
+        tokenizer=tokenizer, per_language=settings.per_suite_language)
+    suites[name] = examples
+    reports += source_reports
+  return suites, reports
+
+
+def score(suite: str, example: Example, reply, judge=None) -> reward.Verdict:
+  """The task's verifier (rewards.reward.score, `judge` deciding what it cannot), or the instruction's rule for
+  instruction following."""
   if suite != 'instruction_following':
-    return reward.score(example, reply.final_turn, reply.actions, tool_results=reply.tool_results)
+    return reward.score(example, reply.final_turn, reply.actions, tool_results=reply.tool_results, judge=judge)
   response = reply.final_turn.response
   follows = instruction_following.follows(example, response)
   return reward.Verdict(correct=follows, format_ok=bool((response or '').strip()), language_mismatch=False,
@@ -150,8 +181,8 @@ def suite_metrics(suite: str, results: Sequence[evals.Result]) -> dict[str, floa
           'overlong': evals.mean(bool(getattr(r, 'overlong', False)) for _, r, _ in results)}
 
 
-def sampled_pass_at_k(suite: str, respond: evals.Respond, examples: Sequence[Example], settings: Settings
-                      ) -> dict[str, float]:
+def sampled_pass_at_k(suite: str, respond: evals.Respond, examples: Sequence[Example], settings: Settings,
+                      judge=None) -> dict[str, float]:
   """pass@k in reasoning mode from `pass_k_samples` replies per problem at `pass_k_temperature`."""
   problems = prompts.first_per_language(examples, settings.pass_k_problems)
   repeated = [e for e in problems for _ in range(settings.pass_k_samples)]
@@ -159,7 +190,7 @@ def sampled_pass_at_k(suite: str, respond: evals.Respond, examples: Sequence[Exa
   correct = collections.Counter()
   scorable = set()
   for example, reply in zip(repeated, replies):
-    verdict = score(suite, example, reply)
+    verdict = score(suite, example, reply, judge)
     if verdict.correct is not None:
       scorable.add(example.id)
       correct[example.id] += bool(verdict.correct)
@@ -170,13 +201,17 @@ def sampled_pass_at_k(suite: str, respond: evals.Respond, examples: Sequence[Exa
 
 
 def evaluate(respond: evals.Respond, tokenizer: tokenizer_lib.Tokenizer, settings: Settings, *,
-             progress: bool = True) -> dict[str, Any]:
+             progress: bool = True, from_sources: dict[str, list[Example]] | None = None, judge=None
+             ) -> dict[str, Any]:
   """Every suite × mode: {'suites': {suite: {mode: metrics}}, 'overall': {mode: metrics}, 'skipped':
-  {suite: why}}; a tqdm bar runs across the suites."""
+  {suite: why}}; a tqdm bar runs across the suites. `from_sources`: `source_suites`' suites, if read already;
+  `judge` (`engine.judging.make`) decides what the verifiers cannot."""
   plan, skipped = [], {}
-  for name in settings.suites:
+  if from_sources is None:
+    from_sources, _ = source_suites(settings, tokenizer)
+  for name in (*settings.suites, *from_sources):
     try:
-      candidates = suite_examples(name, settings, tokenizer)
+      candidates = from_sources[name] if name in from_sources else suite_examples(name, settings, tokenizer)
     except SuiteUnavailable as e:
       skipped[name] = str(e)
       continue
@@ -185,7 +220,8 @@ def evaluate(respond: evals.Respond, tokenizer: tokenizer_lib.Tokenizer, setting
     if too_long := len(candidates) - len(examples):
       skipped[f'{name} (part)'] = f'{too_long} prompts over max_prompt_tokens={settings.max_prompt_tokens} left out'
     plan += [(name, mode, examples) for mode in settings.modes]
-    if name in PASS_K_SUITES and 'reasoning' in settings.modes and settings.pass_k_samples:
+    if ((name in PASS_K_SUITES or name.startswith('math_jsonl:')) and 'reasoning' in settings.modes
+        and settings.pass_k_samples):
       plan.append((name, 'pass@k', examples))
   out = {'suites': collections.defaultdict(dict), 'overall': {}, 'skipped': skipped}
   pooled = collections.defaultdict(list)
@@ -193,10 +229,10 @@ def evaluate(respond: evals.Respond, tokenizer: tokenizer_lib.Tokenizer, setting
   for name, mode, examples in bar:
     bar.set_postfix_str(f'{name}/{mode} ({len(examples)} prompts)')
     if mode == 'pass@k':
-      out['suites'][name]['reasoning'].update(sampled_pass_at_k(name, respond, examples, settings))
+      out['suites'][name]['reasoning'].update(sampled_pass_at_k(name, respond, examples, settings, judge))
       continue
     replies = respond(examples, mode, 0.0, settings.seed)
-    results = [(e, r, score(name, e, r)) for e, r in zip(examples, replies)]
+    results = [(e, r, score(name, e, r, judge)) for e, r in zip(examples, replies)]
     out['suites'][name][mode] = suite_metrics(name, results)
     if name not in NO_LANGUAGE_FIGURE:
       pooled[mode] += results
@@ -241,7 +277,7 @@ def report_markdown(results: dict[str, Any]) -> str:
            '|---|---|' + '---|' * len(modes) + '---|---|']
   for name in suites:
     any_mode = next(iter(suites[name].values()))
-    lines.append(f'| {name} | {HEADLINE[name]} | ' + ' | '.join(_pct(get(name, m, 'correctness')) for m in modes)
+    lines.append(f'| {name} | {headline(name)} | ' + ' | '.join(_pct(get(name, m, 'correctness')) for m in modes)
                  + f' | {any_mode.get("examples", 0)} | ' + ' / '.join(str(get(name, m, 'unscorable')) for m in modes)
                  + ' |')
   pass_rows = [name for name in suites if 'pass_at_k_problems' in suites[name].get('reasoning', {})]
@@ -317,7 +353,7 @@ def write(workdir: str | pathlib.Path, results: dict[str, Any]) -> None:
   (workdir / 'results.json').write_text(json.dumps(results, indent=2, ensure_ascii=False) + '\n')
   (workdir / 'report.md').write_text(report_markdown(results))
   writer = metrics_lib.Writer(workdir)
-  writer.write(0, flat_metrics(results))
+  writer.write(0, flat_metrics(results) | results.get('judge', {}))
   writer.close()
   plot(workdir, results)
 
@@ -326,9 +362,14 @@ def run(config, workdir: str) -> None:
   settings = Settings.from_config(config.eval)
   loaded = state_lib.load_model(config)
   tokenizer = loaded.tokenizer
+  from_sources, reports = source_suites(settings, tokenizer)   # every record checked before any reply
+  artifacts.write_data_report(workdir, reports)
   respond = evals.model_respond(loaded.config, loaded.params, tokenizer, settings)
+  judge = judging.make(config, workdir)
   results = {'init_from': config.init_from, 'settings': dataclasses.asdict(settings),
-             **evaluate(respond, tokenizer, settings)}
+             **evaluate(respond, tokenizer, settings, from_sources=from_sources, judge=judge)}
+  judging.save(judge, workdir)
+  results['judge'] = judging.metrics(judge)
   write(workdir, results)
   summarize(workdir, results)
 

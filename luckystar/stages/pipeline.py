@@ -4,7 +4,8 @@
 
 `config.pipeline.order` names the stages to run, `config.pipeline.stages.<name>` holds each one's
 whole config (as its `configs/<stage>.py` builds it). Stage `<name>` runs in workdir/<name>, in this
-process; a string value '@<other>[/path]' is resolved to workdir/<other>[/path], and `config.seed`
+process; a string value '@<other>[/path]', or such a path in a sources item ('rs_traces:@<other>/file@0.1'), is
+resolved to workdir/<other>[/path], and `config.seed`
 replaces every stage's seed. A finished stage writes workdir/<name>/stage_done.json (its resolved
 config and wall time) and is skipped on a re-run under the same config (another is an error); an unfinished one resumes from its own checkpoint.
 
@@ -14,6 +15,7 @@ by `python experiments/paper_report.py --workdir=runs/paper`.
 
 import json
 import pathlib
+import re
 import time
 
 import jax
@@ -26,7 +28,8 @@ from luckystar.engine import artifacts
 from luckystar.engine import metrics as metrics_lib
 
 DONE_FILE = 'stage_done.json'
-REFERENCE = '@'
+# '@<stage>' opening a value or the path of a sources item (after 'FORMAT:'); a weight ('@0.1') starts with a digit.
+REFERENCE = re.compile(r'(?:^|(?<=:))@([A-Za-z_][\w-]*)')
 
 
 def _references(node, prefix: str = '') -> list[tuple[ml_collections.ConfigDict, str, str]]:
@@ -35,7 +38,7 @@ def _references(node, prefix: str = '') -> list[tuple[ml_collections.ConfigDict,
   for key, value in node.items():
     if isinstance(value, ml_collections.ConfigDict):
       found += _references(value, f'{prefix}{key}.')
-    elif isinstance(value, str) and value.startswith(REFERENCE):
+    elif isinstance(value, str) and REFERENCE.search(value):
       found.append((node, key, prefix + key))
   return found
 
@@ -44,7 +47,7 @@ def resolve(stage_config: ml_collections.ConfigDict, workdir: pathlib.Path, seed
   """A copy of `stage_config` with every '@<stage>[/path]' string made a path under `workdir`."""
   resolved = ml_collections.ConfigDict(stage_config.to_dict())
   for node, key, _ in _references(resolved):
-    node[key] = str(workdir / node[key][len(REFERENCE):])
+    node[key] = REFERENCE.sub(lambda match: str(workdir / match.group(1)), node[key])
   resolved.seed = seed
   return resolved
 
@@ -58,9 +61,10 @@ def check_order(config) -> None:
   for position, name in enumerate(order):
     for node, key, dotted in _references(stages[name]):
       value = node[key]
-      if (source := value[len(REFERENCE):].split('/')[0]) not in order[:position]:
-        raise errors.UserError(f'config.pipeline.stages.{name}.{dotted}={value!r} reads stage {source!r}, which '
-                               f'does not run before it in config.pipeline.order={order}')
+      for source in REFERENCE.findall(value):
+        if source not in order[:position]:
+          raise errors.UserError(f'config.pipeline.stages.{name}.{dotted}={value!r} reads stage {source!r}, which '
+                                 f'does not run before it in config.pipeline.order={order}')
 
 
 def run_stage(name: str, stage_config: ml_collections.ConfigDict, stage_dir: pathlib.Path) -> float:

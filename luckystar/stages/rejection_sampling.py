@@ -1,14 +1,15 @@
 """Rejection sampling, the cold start (DESIGN §5, paper §2.3): best-of-N from a teacher with the real
 SQL tool, verified against the gold; every verified-correct trace is kept (deduplicated), and for
 Korean prompts only those with English thinking and a Korean response. The output is an SFT data
-file for the hybrid SFT mixture (`config.sft.rs_traces`).
+file for the hybrid SFT mixture (`rs_traces:DIR/rs_traces.jsonl` in `config.sft.sources`).
 
     python -m luckystar.main --config=configs/rejection_sampling.py --workdir=runs/rs
 
 Prompts (`rs_prompts`): the student's train prompts reserved for rejection sampling
-(`examples.rs_only`; RLVR leaves exactly these out) of `config.rejection_sampling.tasks`: every NL2SQL
-prompt (both languages) and the math prompts of `math_difficulties` in `math_languages` (Korean,
-intermediate), at most `max_prompts` per task (0: all). The teacher (`config.init_from`) saw none of
+(`examples.rs_only`; RLVR leaves exactly these out) of the bundled suites in `config.rejection_sampling.sources`:
+every NL2SQL prompt (both languages) and the math prompts of `math_difficulties` in `math_languages` (Korean,
+intermediate); and every record of its file sources (`luckystar.data.sources`: math_jsonl, spider, bird, ...);
+at most `max_prompts` per source (0: all). The teacher (`config.init_from`) saw none of
 them: it is trained on the teacher split's own questions and databases (`configs/sft.py:teacher`).
 
 Each prompt is rendered in reasoning mode and sampled `samples_per_prompt` times at
@@ -41,8 +42,9 @@ import numpy as np
 
 from luckystar import errors
 from luckystar import sampling
-from luckystar.data.examples import TASKS, Example, rs_only
-from luckystar.engine import artifacts, prompts, rollouts
+from luckystar.data import sources
+from luckystar.data.examples import Example, rs_only
+from luckystar.engine import artifacts, judging, prompts, rollouts
 from luckystar.engine import metrics as metrics_lib
 from luckystar.engine import state as state_lib
 from luckystar.rewards import language
@@ -61,20 +63,18 @@ LANGUAGE_FILTER = ('thinking_not_english', 'response_not_korean')   # Korean pro
 # ---- prompts ---------------------------------------------------------------------------------------
 
 
-def rs_prompts(config, tokenizer: Tokenizer | None = None) -> list[Example]:
-  """The rejection-sampling prompts of `config.rejection_sampling` (see the module docstring), in
-  suite order; train split only, and only `rs_only` ones, so never an RLVR, held-out or teacher prompt.
-  `tokenizer`: the teacher's (NL2SQL curation counts tokens; None: the bundled one)."""
+def rs_prompts(config, tokenizer: Tokenizer | None = None) -> tuple[list[Example], list[sources.Report]]:
+  """The rejection-sampling prompts of `config.rejection_sampling` (see the module docstring) and a report per
+  source: of a bundled suite, train split only and only `rs_only` prompts, so never an RLVR, held-out or
+  teacher prompt; of a file, every record. At most `max_prompts` per source (0: all). `tokenizer`: the
+  teacher's (NL2SQL curation counts tokens; None: the bundled one)."""
   settings = config.rejection_sampling
-  if unknown := [task for task in settings.tasks if task not in TASKS]:
-    raise errors.UserError(f'config.rejection_sampling.tasks names {unknown}; tasks are {TASKS}')
 
   def wanted(example: Example) -> bool:
     return rs_only(example, config.seed) and (example.task != 'math' or (
         example.difficulty in settings.math_difficulties and example.language in settings.math_languages))
-  per_task = [prompts.prompt_set((task,), 'train', seed=config.seed, where=wanted, tokenizer=tokenizer)
-              for task in settings.tasks]
-  return [e for examples in per_task for e in examples[:settings.max_prompts or None]]
+  return prompts.from_sources(settings.sources, key='config.rejection_sampling.sources', split='train',
+                              seed=config.seed, tokenizer=tokenizer, where=wanted, per_source=settings.max_prompts)
 
 
 # ---- which traces to keep (pure) -------------------------------------------------------------------
@@ -206,7 +206,8 @@ def settings_of(config) -> dict[str, Any]:
   settings = config.rejection_sampling
   return {'init_from': config.init_from, 'chat_format': config.get('chat_format', 'auto'), 'seed': config.seed,
           'sampling': dict(config.sampling),
-          'tasks': list(settings.tasks), 'math_difficulties': list(settings.math_difficulties),
+          'sources': sources.fingerprint(sources.parse(settings.sources, key='config.rejection_sampling.sources')),
+          'math_difficulties': list(settings.math_difficulties),
           'math_languages': list(settings.math_languages), 'max_prompts': settings.max_prompts,
           'samples_per_prompt': settings.samples_per_prompt, 'max_tool_turns': settings.max_tool_turns,
           'max_tool_result_tokens': settings.max_tool_result_tokens}
@@ -215,7 +216,7 @@ def settings_of(config) -> dict[str, Any]:
 def run(config, workdir: str) -> None:
   workdir = pathlib.Path(workdir)
   settings = config.rejection_sampling
-  stats = artifacts.load_or_build(workdir, STATS_FILE, settings_of(config), lambda: sample(config),
+  stats = artifacts.load_or_build(workdir, STATS_FILE, settings_of(config), lambda: sample(config, workdir),
                                   what='rejection-sampled traces')
   print_summary(workdir, stats, samples=settings.samples_per_prompt, teacher=config.init_from)
 
@@ -235,25 +236,27 @@ def print_summary(workdir: pathlib.Path, stats: dict[str, Any], *, samples: int,
        ('stats', workdir / STATS_FILE)])
 
 
-def sample(config) -> tuple[dict[str, Any], artifacts.Files]:
+def sample(config, workdir: pathlib.Path) -> tuple[dict[str, Any], artifacts.Files]:
   """(stats, {traces, report}): every prompt sampled and its traces kept or dropped (module docstring)."""
   settings = config.rejection_sampling
   teacher = state_lib.load_model(config)
   model_config, params, tokenizer = teacher.config, teacher.params, teacher.tokenizer
-  examples = rs_prompts(config, tokenizer)
+  examples, reports = rs_prompts(config, tokenizer)
+  artifacts.write_data_report(workdir, reports)
   if not examples:
-    raise errors.UserError(f'config.rejection_sampling selects no prompts (tasks={list(settings.tasks)}, '
+    raise errors.UserError(f'config.rejection_sampling selects no prompts (sources={settings.sources!r}, '
                            f'math_difficulties={list(settings.math_difficulties)}, '
                            f'math_languages={list(settings.math_languages)})')
   samples = settings.samples_per_prompt
   logging.info('rejection sampling: %d prompts × %d samples from %r', len(examples), samples, config.init_from)
+  judge = judging.make(config, workdir)   # asked only where the verifier cannot decide; None by default
   traces, results, started = [], [], time.time()
   # No language penalty or overlong drop here: rejection sampling keeps traces by its own rules.
   groups = rollouts.sample_groups(
       model_config, params, tokenizer, examples, jax.random.key(config.seed), batch_rows=settings.batch_size,
       samples_per_prompt=samples, mode=MODE, desc='rejection sampling', sampling_settings=config.sampling,
       max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
-      language_penalty=0.0, drop_overlong=False)
+      language_penalty=0.0, drop_overlong=False, judge=judge)
   for example, prompt_ids, group in groups:
     decisions = trace_decisions(example.language, [candidate(scored) for scored in group])
     results.append(PromptResult(example.task, example.language, tuple(s.verdict.correct for s in group),
@@ -264,6 +267,9 @@ def sample(config) -> tuple[dict[str, Any], artifacts.Files]:
         traces.append({'example_id': example.id, 'task': example.task, 'language': example.language,
                        'sample_index': index, 'teacher': config.init_from, 'mode': MODE,
                        'tokenizer': tokenizer.fingerprint, 'tokens': tokens, 'loss_mask': mask})
-  stats = {'groups': summarize(results), 'seconds': round(time.time() - started, 1)}
+  judging.save(judge, workdir)
+  stats = {'groups': summarize(results), 'seconds': round(time.time() - started, 1), **judging.metrics(judge)}
+  if judge is not None:
+    logging.info('rejection sampling: %s', judging.metrics(judge))
   return stats, {TRACES_FILE: ''.join(json.dumps(t, ensure_ascii=False) + '\n' for t in traces),
                  REPORT_FILE: report({'fingerprint': settings_of(config), **stats})}

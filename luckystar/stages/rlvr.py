@@ -9,8 +9,8 @@ several updates per batch) and an optional k3 KL estimate to a reference.
 
     python -m luckystar.main --config=configs/rlvr.py --workdir=runs/rlvr
 
-The stage (`run`): the RL prompt pool (train split of `config.rlvr.tasks`, minus the prompts kept
-for rejection sampling, `examples.rs_only`), prompt selection by the starting policy (pass rate at
+The stage (`run`): the RL prompt pool (`config.rlvr.sources`: the train split of bundled suites minus the prompts
+kept for rejection sampling, `examples.rs_only`, and every record of a file source), prompt selection by the starting policy (pass rate at
 k samples within `config.rlvr.select_pass_rate`, cached in `workdir/prompt_selection.json`), a
 held-out eval set with the same task/language mix (`eval_split='train'`: reserved out of the pool before
 selection, `reserve_eval`), then the shared training loop with rollouts drawn by the current policy at
@@ -31,9 +31,9 @@ import numpy as np
 
 from luckystar import errors
 from luckystar import model
-from luckystar.data import pipeline, sources
-from luckystar.data.examples import Example, rs_only
-from luckystar.engine import artifacts, evals, logprobs, loop, optim, prompts, rollouts
+from luckystar.data import pipeline, sources, suites
+from luckystar.data.examples import TASKS, Example, rs_only
+from luckystar.engine import artifacts, evals, judging, logprobs, loop, optim, prompts, rollouts
 from luckystar.engine import state as state_lib
 from luckystar.engine import step as step_lib
 from luckystar.model import sharding
@@ -181,48 +181,50 @@ SELECTION_FILE = 'prompt_selection.json'
 SAMPLED_PREFIX = 'eval/sampled/'  # held-out figures of `eval_samples` draws per prompt at the sampling temperature
 
 
-def _extra_prompts(settings: Any, seed: int) -> list[Example]:
-  """The examples of the registered prompt sources `settings.extra_prompts` (`luckystar.data.sources`)."""
-  if unknown := [name for name in settings.extra_prompts if name not in sources.prompt_names()]:
-    raise errors.UserError(f'config.rlvr.extra_prompts names {unknown}, which no imported module registered; '
-                           f'registered prompt sources: {sources.prompt_names()} (luckystar.data.sources)')
-  return [e for name in settings.extra_prompts for e in sources.prompts(name, seed=seed)]
+SOURCES_KEY = 'config.rlvr.sources'
 
 
-def prompt_pool(settings: Any, split: str, tokenizer: Tokenizer, *, seed: int) -> list[Example]:
-  """RL prompts of `settings.tasks` in `split` (train: minus the rejection-sampling prompts, plus those of
-  the registered prompt sources `settings.extra_prompts`, each after its task's own) whose reasoning-mode
-  prompt fits `settings.max_prompt_tokens`."""
-  extra = _extra_prompts(settings, seed) if split == 'train' else []
+def tasks(settings: Any) -> list[str]:
+  """The tasks of the bundled suites among `settings.sources`, in order."""
+  return [s.location for s in sources.parse(settings.sources, key=SOURCES_KEY, formats=sources.PROMPT_FORMATS)
+          if s.format == 'bundled' and s.location in TASKS]
+
+
+def prompt_pool(settings: Any, split: str, tokenizer: Tokenizer, *, seed: int
+                ) -> tuple[list[Example], list[sources.Report]]:
+  """RL prompts of `settings.sources` in `split` (`prompts.from_sources`) whose reasoning-mode prompt fits
+  `settings.max_prompt_tokens`, with a report per source. Train: a bundled suite's train split minus the
+  rejection-sampling prompts (`rs_only`), a registered prompt set, every record of a file. Held-out: the sources
+  of `settings.eval_sources` when set, else the held-out split of the bundled suites."""
+  spec, key = settings.sources, SOURCES_KEY
+  if split != 'train':
+    spec, key = settings.get('eval_sources') or ','.join(f'bundled:{task}' for task in tasks(settings)), \
+        'config.rlvr.eval_sources'
   keep = (lambda e: not rs_only(e, seed)) if split == 'train' else None
-  pool = []
-  for task in settings.tasks:
-    pool += (prompts.prompt_set((task,), split, seed=seed, where=keep, tokenizer=tokenizer)
-             + [e for e in extra if e.task == task])
-  return [e for e in pool if prompts.fits(tokenizer, e, settings.max_prompt_tokens)]
+  return prompts.from_sources(spec, key=key, split=split, seed=seed, tokenizer=tokenizer, where=keep,
+                              max_prompt_tokens=settings.max_prompt_tokens)
 
 
-def rollout_options(config) -> dict[str, Any]:
-  """`rollouts.generate_and_score`'s settings from the config."""
+def rollout_options(config, judge=None) -> dict[str, Any]:
+  """`rollouts.generate_and_score`'s settings from the config; `judge` (`engine.judging.make`) decides what the
+  rules cannot."""
   settings = config.rlvr
   return dict(sampling_settings=config.sampling, max_tool_turns=settings.max_tool_turns,
               max_tool_result_tokens=settings.max_tool_result_tokens, language_penalty=settings.language_penalty,
-              drop_overlong=settings.drop_overlong)
+              drop_overlong=settings.drop_overlong, judge=judge)
 
 
 def _fingerprint(config, tokenizer: Tokenizer) -> dict:
   """What prompt selection depends on; a cached selection with another fingerprint is stale."""
   settings = config.rlvr
   fingerprint = {'init_from': config.init_from, 'tokenizer': tokenizer.fingerprint, 'seed': config.seed,
-                 'tasks': list(settings.tasks),
+                 'sources': sources.fingerprint(sources.parse(settings.sources, key=SOURCES_KEY)),
                  'max_prompt_tokens': settings.max_prompt_tokens,
                  'selection_prompts': artifacts.plain(settings.selection_prompts),
                  'selection_samples': settings.selection_samples, 'pass_rate': list(settings.select_pass_rate),
                  'sampling': dict(config.sampling)}
   if settings.eval_split == 'train':  # the eval set is reserved out of the pool first (`reserve_eval`)
     fingerprint |= {'eval_split': 'train', 'eval_prompts': settings.eval_prompts}
-  if settings.extra_prompts:   # only when set: a run without them keeps its cached selection
-    fingerprint['extra_prompts'] = list(settings.extra_prompts)
   return fingerprint
 
 
@@ -235,8 +237,8 @@ def selection_candidates(pool: Sequence[Example], selection_prompts: int | Mappi
   if not hasattr(selection_prompts, 'items'):
     return [pool[i] for i in sorted(rng.permutation(len(pool))[:selection_prompts])]
   if unknown := set(selection_prompts) - {e.task for e in pool}:
-    raise errors.UserError(f'config.rlvr.selection_prompts names tasks {sorted(unknown)} that are not in '
-                           f'config.rlvr.tasks (or have no prompt that fits max_prompt_tokens)')
+    raise errors.UserError(f'config.rlvr.selection_prompts names tasks {sorted(unknown)} that no source of '
+                           f'config.rlvr.sources has (or none of whose prompts fits max_prompt_tokens)')
   chosen = []
   for task, count in sorted(selection_prompts.items()):
     members = [i for i, e in enumerate(pool) if e.task == task]
@@ -245,17 +247,17 @@ def selection_candidates(pool: Sequence[Example], selection_prompts: int | Mappi
 
 
 def pass_rates(config, model_config: model.ModelConfig, params: Any, tokenizer: Tokenizer,
-               examples: Sequence[Example], samples: int, rng: jax.Array, desc: str = 'pass rates'
+               examples: Sequence[Example], samples: int, rng: jax.Array, desc: str = 'pass rates', judge=None
                ) -> dict[str, float]:
   """Example id → fraction of `samples` rollouts at the RL settings (`rollout_options`) whose verdict is
   correct, in batches of about `config.rlvr.selection_batch` rollouts."""
   groups = rollouts.sample_groups(model_config, params, tokenizer, examples, rng, batch_rows=config.rlvr.selection_batch,
-                                  samples_per_prompt=samples, desc=desc, **rollout_options(config))
+                                  samples_per_prompt=samples, desc=desc, **rollout_options(config, judge))
   return {e.id: float(np.mean([bool(s.verdict.correct) for s in group])) for e, _, group in groups}
 
 
 def select_prompts(config, workdir: pathlib.Path, model_config: model.ModelConfig, params: Any,
-                   tokenizer: Tokenizer, pool: Sequence[Example]) -> list[Example]:
+                   tokenizer: Tokenizer, pool: Sequence[Example], judge=None) -> list[Example]:
   """Prompts whose pass rate under the starting policy lies in `config.rlvr.select_pass_rate`
   (DESIGN §5: [1/8, 7/8] at k = 8), measured once on a seeded sample of the pool
   (`selection_candidates`) and kept in `workdir/prompt_selection.json`."""
@@ -266,7 +268,7 @@ def select_prompts(config, workdir: pathlib.Path, model_config: model.ModelConfi
   def build():
     candidates = selection_candidates(pool, settings.selection_prompts, config.seed)
     rates = pass_rates(config, model_config, params, tokenizer, candidates, settings.selection_samples,
-                       jax.random.key(config.seed), desc='prompt selection')
+                       jax.random.key(config.seed), desc='prompt selection', judge=judge)
     kept = [e.id for e in candidates if low <= rates[e.id] <= high]
     summary = {f'{task}/{lang}': {'candidates': sum(1 for e in candidates if (e.task, e.language) == (task, lang)),
                                   'kept': sum(1 for i in kept if (by_id[i].task, by_id[i].language) == (task, lang))}
@@ -281,7 +283,7 @@ def select_prompts(config, workdir: pathlib.Path, model_config: model.ModelConfi
     raise errors.UserError(
         f'prompt selection kept no prompt: none of {len(record["pass_rates"])} had a pass rate in [{low}, {high}] '
         f'under {config.init_from!r} (see {workdir / SELECTION_FILE}); start from a stronger policy '
-        f'(config.init_from), widen config.rlvr.select_pass_rate, or choose other config.rlvr.tasks')
+        f'(config.init_from), widen config.rlvr.select_pass_rate, or choose other config.rlvr.sources')
   return [by_id[i] for i in record['kept']]
 
 
@@ -339,17 +341,17 @@ def check_config(config) -> None:
 def eval_pool(config, tokenizer: Tokenizer, pool: Sequence[Example]) -> list[Example]:
   """Where the held-out eval draws from (`config.rlvr.eval_split`). 'heldout': the held-out split (for
   NL2SQL, databases no training split has). 'train': new questions over the training databases, i.e.
-  train prompts (`pool`, RS prompts already out; not `extra_prompts`') whose gold answer no RS prompt has (the
+  bundled suites' train prompts (`pool`, RS prompts already out) whose gold answer no RS prompt has (the
   three training databases per domain share one wording, so a question text repeats over them with the same
   gold SQL); `reserve_eval` draws the eval set from them before prompt selection and takes it out of RL's pool."""
   settings = config.rlvr
   if check_eval_split(config) == 'heldout':
-    return prompt_pool(settings, 'heldout', tokenizer, seed=config.seed)
-  rs = prompts.prompt_set(settings.tasks, 'train', seed=config.seed, where=lambda e: rs_only(e, config.seed),
+    return prompt_pool(settings, 'heldout', tokenizer, seed=config.seed)[0]
+  rs = prompts.prompt_set(tasks(settings), 'train', seed=config.seed, where=lambda e: rs_only(e, config.seed),
                           tokenizer=tokenizer)
   rs_answers = {(e.task, e.answer) for e in rs}
-  extra = {e.id for e in _extra_prompts(settings, config.seed)}
-  return [e for e in pool if (e.task, e.answer) not in rs_answers and e.id not in extra]
+  bundled = {e.id for task in tasks(settings) for e in suites.load(task, 'train', seed=config.seed, tokenizer=tokenizer)}
+  return [e for e in pool if (e.task, e.answer) not in rs_answers and e.id in bundled]
 
 
 def reserve_eval(config, tokenizer: Tokenizer, pool: Sequence[Example]
@@ -397,14 +399,17 @@ def run(config, workdir: str) -> None:
   model_config, mesh, optimizer, state, tokenizer = state_lib.start(
       config, workdir, updates_per_step=settings.updates_per_batch)
 
-  pool = prompt_pool(settings, 'train', tokenizer, seed=config.seed)
+  pool, reports = prompt_pool(settings, 'train', tokenizer, seed=config.seed)
+  judge = judging.make(config, workdir)   # None unless config.judge names one
   heldout = None
   if settings.eval_split == 'train':
     heldout, pool = reserve_eval(config, tokenizer, pool)
   with sharding.activate(mesh):  # rollouts and their KV cache split over the mesh's batch devices
-    selected = select_prompts(config, workdir, model_config, state.params, tokenizer, pool)
+    selected = select_prompts(config, workdir, model_config, state.params, tokenizer, pool, judge)
+  judging.save(judge, workdir)
   if heldout is None:  # the held-out split: the RL prompts' (task, language) mix
     heldout = eval_examples(selected, eval_pool(config, tokenizer, pool), settings.eval_prompts, config.seed)
+  artifacts.write_data_report(workdir, reports, train=[e.prompt for e in pool], evaluated=[e.prompt for e in heldout])
   greedy_settings = eval_settings(config)
 
   sampled_settings = dataclasses.replace(greedy_settings, temperature=config.sampling.temperature,
@@ -413,9 +418,9 @@ def run(config, workdir: str) -> None:
   def eval_fn(params, step):
     del step
     params = jax.device_get(params)
-    metrics = evals.evaluate(model_config, params, tokenizer, greedy_settings, examples=heldout)
+    metrics = evals.evaluate(model_config, params, tokenizer, greedy_settings, examples=heldout, judge=judge)
     if settings.eval_samples:  # what RL optimises: pass@1 of the policy as it samples
-      sampled = evals.evaluate(model_config, params, tokenizer, sampled_settings, examples=heldout)
+      sampled = evals.evaluate(model_config, params, tokenizer, sampled_settings, examples=heldout, judge=judge)
       metrics |= {SAMPLED_PREFIX + key.removeprefix('eval/'): value for key, value in sampled.items()
                   if key.startswith(('eval/correctness', 'eval/language_mismatch', 'eval/response_length'))}
     return metrics
@@ -436,7 +441,8 @@ def run(config, workdir: str) -> None:
     with sharding.activate(mesh):
       groups = rollouts.generate_and_score(model_config, state.params, tokenizer, examples,
                                            [rendered[int(i)] for i in indices], rng,
-                                           samples_per_prompt=settings.samples_per_prompt, **rollout_options(config))
+                                           samples_per_prompt=settings.samples_per_prompt,
+                                           **rollout_options(config, judge))
     batch, zero_variance = training_batch([rendered[int(i)] for i in indices], groups,
                                           length_multiple=settings.length_multiple,
                                           score_multiple=config.sampling.max_new_tokens)
@@ -446,7 +452,8 @@ def run(config, workdir: str) -> None:
     metrics = rollout_metrics(groups, zero_variance)
     generated = sum(int(s.rollout.loss_mask.sum()) for group in groups for s in group)
     metrics['perf/rollout_tokens_per_sec'] = generated / (time.perf_counter() - start)
-    return batch, metrics
+    judging.save(judge, workdir)
+    return batch, metrics | judging.metrics(judge)
 
   loss = functools.partial(loss_fn, model_config=model_config, temperature=config.sampling.temperature,
                            clip_epsilon=settings.clip_epsilon, kl_beta=settings.kl_beta, normalize=settings.normalize)

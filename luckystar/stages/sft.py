@@ -27,6 +27,7 @@ from luckystar.data import conversations
 from luckystar.data import pipeline
 from luckystar.data import sources as sources_lib
 from luckystar.data.examples import SPLITS
+from luckystar.engine import artifacts
 from luckystar.engine import evals
 from luckystar.engine import logprobs
 from luckystar.engine import loop
@@ -57,61 +58,80 @@ def synthetic_sources(seed: int, split: str, *, vocab_size: int, per_source: int
 
 # What the run shows (`loop.run_training`): held-out token loss and accuracy, and task correctness when on.
 SUMMARY_KEYS = ('eval/loss', 'eval/accuracy', 'eval/correctness', 'eval/concise/correctness')
-DATA = ('conversations', 'teacher', 'base', 'synthetic')   # config.sft.data built in; others: registered
-RS_SOURCE = 'rs'  # config.sft.mixture key of the rejection-sampled traces as a source of their own
+BUNDLED = ('conversations', 'teacher', 'base', 'synthetic')   # bundled:<data> built in; others: registered
+
+
+def _bundled(name: str, config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vocab_size: int
+             ) -> tuple[dict[str, list], dict[str, float]]:
+  """(sources, weights) of the bundled SFT data `name` in `split`."""
+  if not 0 <= (fraction := config.sft.get('chat_tool_fraction', conversations.CHAT_TOOL_FRACTION)) <= 1:
+    raise errors.UserError(f'config.sft.chat_tool_fraction={fraction!r}; expected a share in [0, 1]')
+  if name == 'synthetic':
+    raw = synthetic_sources(config.seed, split, vocab_size=vocab_size)
+    return raw, {source: 1.0 for source in raw}
+  if name == 'conversations':
+    if (thinking := config.sft.get('thinking_language', 'en')) not in ('en', 'ko'):
+      raise errors.UserError(f'config.sft.thinking_language={thinking!r}; expected "en" or "ko"')
+    return conversations.sft_sources(tokenizer, seed=config.seed, split=split, thinking_language=thinking,
+                                     chat_tool_fraction=fraction)
+  if name == 'teacher':  # the teacher split; held-out eval on the same tasks
+    return (conversations.teacher_sources(tokenizer, seed=config.seed, chat_tool_fraction=fraction)
+            if split == 'train' else
+            conversations.sft_sources(tokenizer, seed=config.seed, split=split, chat_tool_fraction=fraction,
+                                      reasoning_tasks=conversations.TEACHER_REASONING_TASKS))
+  if name == 'base':
+    return conversations.base_sources(tokenizer, seed=config.seed, split=split)
+  if name in sources_lib.sft_names():
+    return sources_lib.sft(name, tokenizer, seed=config.seed, split=split)
+  raise errors.UserError(f'config.sft.sources: bundled:{name} is no SFT data; bundled: {BUNDLED}, registered: '
+                         f'{sources_lib.sft_names()} (luckystar.data.sources)')
+
+
+def source_items(config, split: str = 'train') -> list[sources_lib.Source]:
+  """The items of `config.sft.sources` (train), or for held-out eval those of `config.sft.eval_sources`, by
+  default the bundled items of `sources` (their held-out split)."""
+  if split == 'train':
+    return sources_lib.parse(config.sft.sources, key='config.sft.sources', formats=sources_lib.CONVERSATION_FORMATS)
+  if config.sft.get('eval_sources'):
+    return sources_lib.parse(config.sft.eval_sources, key='config.sft.eval_sources',
+                             formats=sources_lib.CONVERSATION_FORMATS)
+  return [s for s in source_items(config) if s.format == 'bundled']
 
 
 def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vocab_size: int
-            ) -> tuple[dict[str, list], dict[str, float]]:
-  """(sources, weights) of rendered conversations of `split`, named by `config.sft.data`;
-  `config.sft.mixture` (when set) overrides the weights."""
-  if config.sft.get('rs_traces', '') and config.sft.data != 'conversations':
-    raise errors.UserError(f'config.sft.rs_traces={config.sft.rs_traces!r} joins the "conversations" data '
-                           f'only, not config.sft.data={config.sft.data!r}; set it to "" or change the data')
-  if not 0 <= (fraction := config.sft.get('chat_tool_fraction', conversations.CHAT_TOOL_FRACTION)) <= 1:
-    raise errors.UserError(f'config.sft.chat_tool_fraction={fraction!r}; expected a share in [0, 1]')
-  if config.sft.data == 'synthetic':
-    raw = synthetic_sources(config.seed, split, vocab_size=vocab_size)
-    weights = {name: 1.0 for name in raw}
-  elif config.sft.data == 'conversations':
-    if (thinking := config.sft.get('thinking_language', 'en')) not in ('en', 'ko'):
-      raise errors.UserError(f'config.sft.thinking_language={thinking!r}; expected "en" or "ko"')
-    rs_traces = config.sft.get('rs_traces', '')
-    extra = (conversations.read_rs_traces(rs_traces, tokenizer)
-             if rs_traces and split == 'train' else ())  # RS prompts are train prompts: never in eval
-    # The traces join 'reasoning' (sampled like any reasoning conversation), or, when config.sft.mixture names
-    # an 'rs' source, are that source with its own weight (a few hundred traces among ~8000 conversations).
-    own_source = RS_SOURCE in (config.sft.mixture or {})
-    if own_source and split == 'train' and not extra:
-      raise errors.UserError(f'config.sft.mixture gives the {RS_SOURCE!r} source a weight, but '
-                             f'config.sft.rs_traces={rs_traces!r} has no traces')
-    raw, weights = conversations.sft_sources(tokenizer, seed=config.seed, split=split,
-                                             extra_reasoning=() if own_source else extra,
-                                             thinking_language=thinking, chat_tool_fraction=fraction)
-    if own_source:
-      raw[RS_SOURCE] = list(extra)
-  elif config.sft.data == 'teacher':  # the teacher split; held-out eval on the same tasks
-    raw, weights = (conversations.teacher_sources(tokenizer, seed=config.seed, chat_tool_fraction=fraction)
-                    if split == 'train' else
-                    conversations.sft_sources(tokenizer, seed=config.seed, split=split, chat_tool_fraction=fraction,
-                                              reasoning_tasks=conversations.TEACHER_REASONING_TASKS))
-  elif config.sft.data == 'base':
-    raw, weights = conversations.base_sources(tokenizer, seed=config.seed, split=split)
-  elif config.sft.data in sources_lib.sft_names():
-    raw, weights = sources_lib.sft(config.sft.data, tokenizer, seed=config.seed, split=split)
-  else:
-    raise errors.UserError(f'config.sft.data={config.sft.data!r}; expected one of {DATA} or a registered data '
-                           f'source {sources_lib.sft_names()} (luckystar.data.sources)')
-  if config.sft.mixture:
-    weights = dict(config.sft.mixture)
-    for name in sorted((set(weights) - set(raw)) & set(sources_lib.sft_names())):
-      # A registered data set as one source of this mixture, rendered only when the mixture gives it a weight.
-      built = sources_lib.sft(name, tokenizer, seed=config.seed, split=split)[0] if weights[name] else {}
-      raw[name] = [item for items in built.values() for item in items]
-    if set(weights) != set(raw):
-      raise errors.UserError(f'config.sft.mixture names {sorted(weights)} but the {config.sft.data!r} data has '
-                             f'sources {sorted(raw)}')
-  return raw, weights
+            ) -> tuple[dict[str, list], dict[str, float], list[sources_lib.Report]]:
+  """(sources, weights, reports) of rendered conversations of `split`, named by `config.sft.sources`
+  (`luckystar.data.sources`): `bundled:<data>` is each source of that data at the item's weight × the data's
+  own; `bundled:<data>/<source>` one of them; file items are train data, read into held-out eval only when
+  named in `config.sft.eval_sources`. Every record is checked here, before the first step."""
+  raw, weights, reports = {}, {}, []
+  for source in source_items(config, split):
+    if source.format == 'bundled':
+      name, _, part = source.location.partition('/')
+      data, data_weights = _bundled(name, config, split, tokenizer=tokenizer, vocab_size=vocab_size)
+      if part and part not in data:
+        raise errors.UserError(f'{source.key}: {source.label}: bundled:{name} has sources {sorted(data)}')
+      for sub in ([part] if part else sorted(data)):
+        label = f'bundled:{name}/{sub}'
+        if label in raw:
+          raise errors.UserError(f'{source.key} names {label} twice')
+        raw[label], weights[label] = data[sub], source.weight * (1.0 if part else data_weights[sub])
+        reports.append(sources_lib.Report(label, kept=len(data[sub])))
+      continue
+    if source.format == 'chat_jsonl':
+      items, report = sources_lib.chat_conversations(source, tokenizer)
+    else:   # rs_traces
+      items = conversations.read_rs_traces(source.location, tokenizer)
+      report = sources_lib.Report(source.label, kept=len(items), digest=sources_lib.digest(source))
+    reports.append(report)
+    if not items and source.format == 'rs_traces':   # rejection sampling may keep nothing; the report says so
+      continue
+    if not items:
+      raise errors.UserError(f'{source.location}: no conversations ({source.key})')
+    raw[source.label], weights[source.label] = items, source.weight
+  if split == 'train' and not raw:
+    raise errors.UserError(f'config.sft.sources={config.sft.sources!r} gives no training conversations')
+  return raw, weights, reports
 
 
 def check_seq_len(raw: Mapping[str, Sequence], seq_len: int, probe: int = 64) -> None:
@@ -147,14 +167,15 @@ def run(config, workdir: str) -> None:
   if loop.is_finished(config, workdir):
     loop.finish_without_training(config, workdir, summary_keys=SUMMARY_KEYS)
     return
+  items = source_items(config)
   model_config, mesh, optimizer, state, tokenizer = state_lib.start(
-      config, workdir, needs_tokenizer=config.sft.data != 'synthetic')
+      config, workdir, needs_tokenizer=any(s.label != 'bundled:synthetic' for s in items))
   loss = functools.partial(logprobs.token_cross_entropy, model_config=model_config)
   update_fn = step_lib.make_update_fn(
       loss, optimizer, step_lib.state_shardings_of(state), mesh=mesh,
       learning_rate=optim.learning_rate_schedule(config), grad_accum_steps=config.grad_accum_steps)
 
-  train, weights = sources(config, 'train', tokenizer=tokenizer, vocab_size=model_config.vocab_size)
+  train, weights, reports = sources(config, 'train', tokenizer=tokenizer, vocab_size=model_config.vocab_size)
   check_seq_len(train, config.sft.seq_len)
   check_batch_size(config, mesh)
   # Every process packs the same global stream and keeps its own rows: the batches (and so the loss
@@ -165,13 +186,19 @@ def run(config, workdir: str) -> None:
   batches = iter(pipeline.packed_batches(global_stream, pipeline.encode, seq_len=config.sft.seq_len,
                                          batch_size=config.batch_size
                                          ).map(logprobs.with_score_columns).map(update_fn.local_rows))
-  eval_fn = None
+  eval_fn, eval_questions = None, []
   if config.sft.eval_examples_per_source:
-    heldout, _ = sources(config, 'heldout', tokenizer=tokenizer, vocab_size=model_config.vocab_size)
-    eval_items = evals.eval_subset(heldout, config.sft.eval_examples_per_source, config.seed)
-    eval_fn = evals.make_eval_fn(loss, evals.heldout_batches(eval_items, seq_len=config.sft.seq_len,
-                                                 batch_size=config.batch_size), mesh)
+    heldout, _, heldout_reports = sources(config, 'heldout', tokenizer=tokenizer, vocab_size=model_config.vocab_size)
+    eval_questions += [q for report in heldout_reports for q in report.questions]
+    if heldout:
+      eval_items = evals.eval_subset(heldout, config.sft.eval_examples_per_source, config.seed)
+      eval_fn = evals.make_eval_fn(loss, evals.heldout_batches(eval_items, seq_len=config.sft.seq_len,
+                                                               batch_size=config.batch_size), mesh)
   if tokenizer is not None and config.sft.task_eval.per_task_language:
-    eval_fn = with_task_eval(eval_fn, model_config, tokenizer, evals.Settings.from_config(config.sft.task_eval))
+    task_eval = evals.Settings.from_config(config.sft.task_eval)
+    eval_questions += [e.prompt for e in evals.select(task_eval, tokenizer)]
+    eval_fn = with_task_eval(eval_fn, model_config, tokenizer, task_eval)
+  artifacts.write_data_report(workdir, reports, train=[q for r in reports for q in r.questions],
+                              evaluated=eval_questions)
   loop.run_training(config, workdir, state=state, update_fn=update_fn, batches=batches, eval_fn=eval_fn,
                     model_config=model_config, summary_keys=SUMMARY_KEYS)

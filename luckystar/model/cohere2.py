@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from luckystar.model import attention as attention_lib
 from luckystar.model.config import REMAT_POLICY_NAMES, SLIDING, ModelConfig
 
 Array = jax.Array
@@ -104,17 +105,6 @@ def apply_rope(x: Array, positions: Array, theta: float) -> Array:
   return rotated.reshape(x.shape).astype(x.dtype)
 
 
-def attention_mask(segment_ids: Array, window: int | None) -> Array:
-  """[B, 1, T, T] bool: causal, same segment, and (for sliding layers) i - window < j <= i."""
-  length = segment_ids.shape[1]
-  query, key = jnp.arange(length)[:, None], jnp.arange(length)[None, :]
-  allowed = key <= query
-  if window is not None:
-    allowed &= key > query - window
-  same_segment = segment_ids[:, :, None] == segment_ids[:, None, :]
-  return (allowed[None] & same_segment)[:, None]
-
-
 # Logical axis names of one layer's cache buffers [groups, batch, kv_heads, slots, head_dim]
 # (kv_heads before slots: the attention matmuls then read the cache without a transpose).
 CACHE_AXES = ('layers', 'batch', 'act_kv_heads', 'length', None)
@@ -166,26 +156,6 @@ def write_cache(buffer: Array, new: Array, index: Array) -> Array:
   return jnp.where((columns >= index)[:, None], take, buffer)
 
 
-def blockwise_attention(q: Array, blocks: list[tuple[Array, Array]], mask: Array, dtype: Any) -> Array:
-  """Softmax attention over key blocks kept apart (never concatenated, so a cache is never copied).
-
-  q [B, T, K, G, D]; blocks of (keys, values) [B, K, S_i, D]; mask [B, 1, T, sum S_i] → [B, T, K, G, D].
-  The cache layout puts K before S so both matmuls read it as is.
-  """
-  scale, lowest = q.shape[-1]**-0.5, jnp.finfo(jnp.float32).min
-  scores, offset = [], 0
-  for keys, _ in blocks:
-    score = jnp.einsum('btkgd,bksd->bkgts', q, keys.astype(q.dtype), preferred_element_type=jnp.float32)
-    scores.append(jnp.where(mask[:, :, None, :, offset:offset + keys.shape[2]], score * scale, lowest))
-    offset += keys.shape[2]
-  top = functools.reduce(jnp.maximum, [score.max(-1, keepdims=True) for score in scores])
-  weights = [jnp.exp(score - top) for score in scores]
-  total = sum(weight.sum(-1) for weight in weights)                              # [B, K, G, T]
-  out = sum(jnp.einsum('bkgts,bksd->bkgtd', weight.astype(dtype), values.astype(dtype),
-                       preferred_element_type=jnp.float32) for weight, (_, values) in zip(weights, blocks))
-  return jnp.einsum('bkgtd->btkgd', out / total[..., None]).astype(dtype)
-
-
 def attend_and_update_cache(q: Array, k: Array, v: Array, cache: dict[str, Array], group: Array, index: Array,
                             mask: Array, dtype: Any) -> tuple[Array, dict[str, Array]]:
   """New tokens' attention over the cache of layer group `group`, and the cache with them written in.
@@ -201,24 +171,25 @@ def attend_and_update_cache(q: Array, k: Array, v: Array, cache: dict[str, Array
     cache = {name: jax.lax.dynamic_update_slice(cache[name], new[name][None].astype(cache[name].dtype),
                                                 (group, 0, 0, slot, 0)) for name in cache}
     current = {name: jax.lax.dynamic_index_in_dim(cache[name], group, keepdims=False) for name in cache}
-    out = blockwise_attention(q, [(current['k'], current['v'])], mask, dtype)
+    out = attention_lib.attend_blocks(q, [(current['k'], current['v'])], mask, dtype)
   else:                # prefill: attend to [old cache; chunk], then write
     old = {name: jax.lax.dynamic_index_in_dim(cache[name], group, keepdims=False) for name in cache}
-    out = blockwise_attention(q, [(old['k'], old['v']), (new['k'], new['v'])], mask, dtype)
+    out = attention_lib.attend_blocks(q, [(old['k'], old['v']), (new['k'], new['v'])], mask, dtype)
     cache = {name: jax.lax.dynamic_update_index_in_dim(cache[name], write_cache(old[name], new[name], index),
                                                        group, axis=0) for name in cache}
   return out, {name: constrain(buffer, CACHE_AXES) for name, buffer in cache.items()}
 
 
 class Attention(nn.Module):
-  """Training: attends within x under `mask`. With `cache` ({'k', 'v'} of every group, see
-  `attend_and_update_cache`), the layer group `group` and the first new column `index`: attends
-  under `cached_attention_mask` and returns (out, updated cache)."""
+  """Training: attends within the rows of x, `context` being their segment ids [B, T], through
+  `attention.attend` (the backend of `config.attention_impl`). Decoding, with `cache` ({'k', 'v'} of
+  every group, see `attend_and_update_cache`), the layer group `group` and the first new column
+  `index`: `context` is this layer's `cached_attention_mask`; returns (out, updated cache)."""
   config: ModelConfig
   sliding: bool
 
   @nn.compact
-  def __call__(self, x: Array, positions: Array, mask: Array, cache: dict[str, Array] | None = None,
+  def __call__(self, x: Array, positions: Array, context: Array, cache: dict[str, Array] | None = None,
                group: Array | None = None, index: Array | None = None):
     cfg = self.config
     dense = functools.partial(Projection, dtype=cfg.dtype, param_dtype=cfg.param_dtype, quant=cfg.quant)
@@ -237,12 +208,10 @@ class Attention(nn.Module):
     groups = cfg.num_heads // cfg.num_kv_heads  # query head h uses KV head h // groups
     q = q.reshape(batch, length, cfg.num_kv_heads, groups, cfg.head_dim)
     if cache is None:
-      scores = jnp.einsum('btkgd,bskd->bkgts', q, k, preferred_element_type=jnp.float32) * cfg.head_dim**-0.5
-      scores = jnp.where(mask[:, :, None], scores, jnp.finfo(jnp.float32).min)
-      probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
-      out = jnp.einsum('bkgts,bskd->btkgd', probs, v)
+      out = attention_lib.attend(q, k, v, context, window=cfg.sliding_window if self.sliding else None,
+                                 impl=cfg.attention_impl, dtype=cfg.dtype, block=cfg.attention_block)
     else:
-      out, cache = attend_and_update_cache(q, k, v, cache, group, index, mask, cfg.dtype)
+      out, cache = attend_and_update_cache(q, k, v, cache, group, index, context, cfg.dtype)
     out = out.reshape(batch, length, cfg.num_heads, cfg.head_dim)
     out = constrain(out, ('batch', 'length', 'act_heads', None))
     out = dense((cfg.hidden_size,), ('heads', 'head_dim', 'embed'), name='o_proj')(out)
@@ -268,10 +237,10 @@ class Block(nn.Module):
   sliding: bool
 
   @nn.compact
-  def __call__(self, x: Array, positions: Array, mask: Array, cache: dict[str, Array] | None = None,
+  def __call__(self, x: Array, positions: Array, context: Array, cache: dict[str, Array] | None = None,
                group: Array | None = None, index: Array | None = None):
     h = LayerNorm(self.config.layer_norm_eps, self.config.param_dtype, name='input_layernorm')(x)
-    attention = Attention(self.config, self.sliding, name='self_attn')(h, positions, mask, cache, group, index)
+    attention = Attention(self.config, self.sliding, name='self_attn')(h, positions, context, cache, group, index)
     if cache is not None:
       attention, cache = attention
     out = constrain(x + attention + Mlp(self.config, name='mlp')(h), ('batch', 'length', 'act_embed'))
@@ -282,20 +251,27 @@ class LayerGroup(nn.Module):
   """One period of `layer_types` (e.g. 3 sliding + 1 full); the scan body.
 
   The carry is x [B, T, E], or when decoding (x, caches, group, index): the caches of every group
-  ({'layer_i': {'k', 'v'}}), this group's number and the first new column.
+  ({'layer_i': {'k', 'v'}}), this group's number and the first new column. `context` is the rows'
+  segment ids [B, T] when training, {layer type: cached mask} when decoding. With
+  `remat_scope='layer'` each block is rematerialised on its own (the backward pass then holds one
+  layer's recomputed activations at a time, not the group's).
   """
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, carry, positions: Array, masks: dict[str, Array]):
+  def __call__(self, carry, positions: Array, context: Array | dict[str, Array]):
+    cfg = self.config
     x, caches = (carry, None) if not isinstance(carry, tuple) else (carry[0], dict(carry[1]))
-    for i, layer_type in enumerate(self.config.layer_types[:self.config.layer_period]):
-      block = Block(self.config, layer_type == SLIDING, name=f'layer_{i}')
+    block_class = Block
+    if caches is None and cfg.remat_policy != 'none' and cfg.remat_scope == 'layer':
+      block_class = nn.remat(Block, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=False)
+    for i, layer_type in enumerate(cfg.layer_types[:cfg.layer_period]):
+      block = block_class(cfg, layer_type == SLIDING, name=f'layer_{i}')
       if caches is None:
-        x = block(x, positions, masks[layer_type])
+        x = block(x, positions, context)
       else:
         group, index = carry[2], carry[3]
-        x, caches[f'layer_{i}'] = block(x, positions, masks[layer_type], caches[f'layer_{i}'], group, index)
+        x, caches[f'layer_{i}'] = block(x, positions, context[layer_type], caches[f'layer_{i}'], group, index)
     return (x if caches is None else (x, caches, carry[2] + 1, carry[3])), None
 
 
@@ -324,16 +300,13 @@ class Decoder(nn.Module):
       segment_ids = jnp.ones_like(tokens)
     embedding = self._embedding()
     x = constrain(jnp.take(embedding, tokens, axis=0).astype(cfg.dtype), ('batch', 'length', 'act_embed'))
-    masks = {layer_type: attention_mask(segment_ids, cfg.sliding_window if layer_type == SLIDING else None)
-             for layer_type in sorted(set(cfg.layer_types))}  # sorted: a stable program for the compile cache
-
     group = LayerGroup
-    if cfg.remat_policy != 'none':
+    if cfg.remat_policy != 'none' and cfg.remat_scope == 'group':
       group = nn.remat(group, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=False)
     scanned = nn.scan(group, variable_axes={'params': 0}, split_rngs={'params': True},
                       in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_layers // cfg.layer_period,
                       metadata_params={nn.PARTITION_NAME: 'layers'})
-    x, _ = scanned(cfg, name='layers')(x, positions, masks)
+    x, _ = scanned(cfg, name='layers')(x, positions, segment_ids)
     if logit_columns is not None:  # [B, M]: the vocabulary projection only where a loss needs it
       x = jnp.take_along_axis(x, logit_columns[..., None], axis=1)
     return self._logits(x, embedding)

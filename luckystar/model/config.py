@@ -6,6 +6,8 @@ from typing import Any
 SLIDING = 'sliding_attention'
 FULL = 'full_attention'
 REMAT_POLICY_NAMES = ('none', 'full', 'dots', 'save_dots')
+REMAT_SCOPES = ('group', 'layer')
+ATTENTION_IMPLS = ('auto', 'xla', 'blockwise', 'cudnn', 'splash')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +37,10 @@ class ModelConfig:
   param_dtype: str = 'float32'
   dtype: str = 'float32'
   remat_policy: str = 'none'          # one of REMAT_POLICY_NAMES; see model.cohere2.REMAT_POLICIES
+  remat_scope: str = 'group'          # rematerialise each scanned group of layers at once, or each 'layer'
+  # Training attention backend (model.attention): 'auto' picks per platform and row length.
+  attention_impl: str = 'auto'
+  attention_block: int = 512          # query and key block of the blockwise and splash backends
   # Weight-only int quantization of the dense layers through AQT: a luckystar.quant.QuantSettings
   # (mode train / convert / serve), or None for float kernels.
   quant: Any = None
@@ -56,6 +62,12 @@ class ModelConfig:
                        f'num_kv_heads {self.num_kv_heads} do not divide evenly')
     if self.remat_policy not in REMAT_POLICY_NAMES:
       raise ValueError(f'remat_policy {self.remat_policy!r} is not one of {REMAT_POLICY_NAMES}')
+    if self.remat_scope not in REMAT_SCOPES:
+      raise ValueError(f'remat_scope {self.remat_scope!r} is not one of {REMAT_SCOPES}')
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f'attention_impl {self.attention_impl!r} is not one of {ATTENTION_IMPLS}')
+    if self.attention_block < 1:
+      raise ValueError(f'attention_block {self.attention_block} must be positive')
     if self.head_dim % 2:
       raise ValueError(f'head_dim {self.head_dim} must be even for RoPE')
 

@@ -112,7 +112,8 @@ def plan(step: str, model_config: model.ModelConfig, layout: tuple[int, int, int
   compiled = update_fn.lower(state, batch_structs(step, batch, seq_len, mesh), rng).compile()
   compile_s = time.perf_counter() - start
   stats = compiled.memory_analysis()
-  return Plan(step=step, layout=layout, remat_policy=model_config.remat_policy, batch=batch, seq_len=seq_len,
+  return Plan(step=step, layout=layout, remat_policy=f'{model_config.remat_policy}/{model_config.remat_scope}',
+              batch=batch, seq_len=seq_len,
               grad_accum_steps=grad_accum_steps, argument_bytes=stats.argument_size_in_bytes,
               output_bytes=stats.output_size_in_bytes, alias_bytes=stats.alias_size_in_bytes,
               temp_bytes=stats.temp_size_in_bytes, code_bytes=stats.generated_code_size_in_bytes,
@@ -144,6 +145,9 @@ def main(argv=None) -> None:
   parser.add_argument('--rlvr_batch', type=int, default=256, help='rollouts per update (prompts × k)')
   parser.add_argument('--rlvr_seq_len', type=int, default=4096, help='prompt + generated tokens')
   parser.add_argument('--grad_accum_steps', default='1', help='comma-separated micro-batch counts')
+  parser.add_argument('--attention', default='blockwise', help='attention_impl (model.attention; the fake '
+                      'devices are CPUs, so `auto` would mean their choice, not the accelerator\'s)')
+  parser.add_argument('--remat_scope', default='layer', help="'group' or 'layer' (model.config)")
   args = parser.parse_args(argv)
   if jax.device_count() != args.devices:
     raise SystemExit(f'error: {jax.device_count()} devices, --devices={args.devices}; run as '
@@ -154,13 +158,14 @@ def main(argv=None) -> None:
       raise SystemExit(f'error: --steps entry {step!r}; expected one of {STEPS}')
     batch, seq_len = (args.sft_batch, args.sft_seq_len) if step == 'sft' else (args.rlvr_batch, args.rlvr_seq_len)
     for remat in args.remat.split(','):
-      model_config = model.get(args.size, param_dtype='bfloat16', dtype='bfloat16', remat_policy=remat)
+      model_config = model.get(args.size, param_dtype='bfloat16', dtype='bfloat16', remat_policy=remat,
+                               remat_scope=args.remat_scope, attention_impl=args.attention)
       for layout in map(parse_layout, args.layouts.split(',')):
         for accum in map(int, args.grad_accum_steps.split(',')):
           plans.append(plan(step, model_config, layout, batch=batch, seq_len=seq_len, grad_accum_steps=accum))
           print(table(plans[-1:]).splitlines()[-1], flush=True)
   print(f'\n{args.size}: {model.param_count(model.get(args.size)) / 1e9:.2f}B params, bf16 params and AdamW '
-        f'moments, {args.devices} fake CPU devices')
+        f'moments, {args.attention} attention, {args.devices} fake CPU devices')
   print(table(plans))
   print(f'peak host RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB')
 

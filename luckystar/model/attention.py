@@ -28,8 +28,8 @@ from luckystar.model.config import ModelConfig
 Array = jax.Array
 
 DEFAULT_BLOCK = ModelConfig.attention_block
-# On CPU the materialised scores are faster up to this many tokens (experiments/benchmarks/attention.py);
-# longer rows go blockwise, whose memory does not grow with T².
+# On CPU rows up to this many tokens (the bundled and `bench` shapes) keep the materialised scores; longer
+# rows go blockwise, whose memory does not grow with T². At 2,048 blockwise already won (docs/benchmarks.md).
 CPU_XLA_MAX_LENGTH = 2048
 SPLASH_LANES = 128   # splash blocks are multiples of the TPU's 128 lanes
 

@@ -53,7 +53,7 @@ STEPS = ('sft', 'rlvr')
 class Plan:
   step: str              # 'sft' or 'rlvr'
   layout: tuple[int, int, int]   # (data, fsdp, tensor)
-  remat_policy: str
+  remat: str             # 'policy/scope'
   batch: int             # global rows
   seq_len: int
   grad_accum_steps: int
@@ -112,7 +112,7 @@ def plan(step: str, model_config: model.ModelConfig, layout: tuple[int, int, int
   compiled = update_fn.lower(state, batch_structs(step, batch, seq_len, mesh), rng).compile()
   compile_s = time.perf_counter() - start
   stats = compiled.memory_analysis()
-  return Plan(step=step, layout=layout, remat_policy=f'{model_config.remat_policy}/{model_config.remat_scope}',
+  return Plan(step=step, layout=layout, remat=f'{model_config.remat_policy}/{model_config.remat_scope}',
               batch=batch, seq_len=seq_len,
               grad_accum_steps=grad_accum_steps, argument_bytes=stats.argument_size_in_bytes,
               output_bytes=stats.output_size_in_bytes, alias_bytes=stats.alias_size_in_bytes,
@@ -127,7 +127,7 @@ def table(plans: list[Plan]) -> str:
            'per device GB | v5p 95 GB | H100 80 GB | compile s |',
            '|---|---|---|---|---|---|---|---|---|---|']
   for p in plans:
-    lines.append(f'| {p.step} | {"×".join(map(str, p.layout))} | {p.remat_policy} | {p.batch} × {p.seq_len} '
+    lines.append(f'| {p.step} | {"×".join(map(str, p.layout))} | {p.remat} | {p.batch} × {p.seq_len} '
                  f'({p.grad_accum_steps}) | {gb(p.argument_bytes)} | {gb(p.temp_bytes)} | **{gb(p.device_bytes)}** | '
                  f'{"fits" if p.fits("v5p") else "no"} | {"fits" if p.fits("H100") else "no"} | {p.compile_s:.0f} |')
   return '\n'.join(lines)

@@ -134,6 +134,8 @@ def test_auto_picks_per_platform_and_length():
   assert attention.resolve('auto', 512, 'gpu') == 'cudnn'
   assert attention.resolve('auto', 512, 'tpu') == 'splash'
   assert attention.resolve('blockwise', 16, 'tpu') == 'blockwise'
+  assert attention.resolve('cudnn', 16, 'cpu') == attention.resolve('splash', 16, 'gpu') == 'blockwise'
+  assert attention.resolve('cudnn', 16, 'gpu') == 'cudnn'
   with pytest.raises(ValueError, match='attention_impl'):
     model.get('tiny', attention_impl='flash')
   with pytest.raises(ValueError, match='remat_scope'):

@@ -9,7 +9,7 @@ chosen by `ModelConfig.attention_impl`:
                with several segments fall back to blockwise (it takes no segment ids)
     splash     Pallas splash attention on TPU (segment ids, causal and local masks); `interpret=True` runs its
                kernel on CPU for tests
-    auto       per platform and length (`resolve`): xla for short rows on CPU (it is faster there), blockwise
+    auto       per platform and length (`resolve`): xla for short rows on CPU (the bundled shapes), blockwise
                beyond; cudnn on GPU; splash on TPU
 
 Masks everywhere: key j is visible from query i iff j <= i, segment_ids equal, and for a sliding layer
@@ -35,17 +35,16 @@ SPLASH_LANES = 128   # splash blocks are multiples of the TPU's 128 lanes
 
 
 def resolve(impl: str, length: int, platform: str | None = None) -> str:
-  """The backend `impl` means for rows of `length` tokens on `platform` (default: jax's default backend)."""
+  """The backend that runs `impl` for rows of `length` tokens on `platform` (default: jax's default backend);
+  cudnn and splash off their accelerator run the same math blockwise."""
   if impl not in IMPLS:
     raise ValueError(f'attention_impl {impl!r} is not one of {IMPLS}')
-  if impl != 'auto':
-    return impl
   platform = platform or jax.default_backend()
-  if platform == 'gpu':
-    return 'cudnn'
-  if platform == 'tpu':
-    return 'splash'
-  return 'xla' if length <= CPU_XLA_MAX_LENGTH else 'blockwise'
+  if impl == 'auto':
+    impl = {'gpu': 'cudnn', 'tpu': 'splash'}.get(platform, 'xla' if length <= CPU_XLA_MAX_LENGTH else 'blockwise')
+  if (impl == 'cudnn' and platform != 'gpu') or (impl == 'splash' and platform != 'tpu'):
+    return 'blockwise'
+  return impl
 
 
 def visible(segment_ids_q: Array, segment_ids_k: Array, query: Array, key: Array, window: int | None) -> Array:
@@ -59,12 +58,7 @@ def visible(segment_ids_q: Array, segment_ids_k: Array, query: Array, key: Array
 def attend(q: Array, k: Array, v: Array, segment_ids: Array, *, window: int | None, impl: str = 'auto',
            dtype: Any = jnp.float32, block: int = DEFAULT_BLOCK) -> Array:
   """Training attention within rows: q [B, T, K, G, D], k, v [B, T, K, D], segment_ids [B, T] → [B, T, K, G, D]."""
-  length = q.shape[1]
-  impl = resolve(impl, length)
-  if impl == 'cudnn' and jax.default_backend() != 'gpu':
-    impl = 'blockwise'   # cuDNN exists on GPUs only; the same math elsewhere
-  if impl == 'splash' and jax.default_backend() != 'tpu':
-    impl = 'blockwise'
+  impl = resolve(impl, q.shape[1])
   if impl == 'xla':
     return _xla(q, k, v, segment_ids, window, dtype)
   if impl == 'cudnn':

@@ -31,6 +31,7 @@ if __name__ == '__main__':  # fake devices for the mesh; XLA reads the flag when
 import argparse
 import dataclasses
 import functools
+import itertools
 import resource
 import time
 
@@ -147,7 +148,8 @@ def main(argv=None) -> None:
   parser.add_argument('--grad_accum_steps', default='1', help='comma-separated micro-batch counts')
   parser.add_argument('--attention', default='blockwise', help='attention_impl (model.attention; the fake '
                       'devices are CPUs, so `auto` would mean their choice, not the accelerator\'s)')
-  parser.add_argument('--remat_scope', default='layer', help="'group' or 'layer' (model.config)")
+  parser.add_argument('--remat_scope', default='group,layer', help="comma-separated, of 'group' and 'layer' "
+                      '(model.config)')
   args = parser.parse_args(argv)
   if jax.device_count() != args.devices:
     raise SystemExit(f'error: {jax.device_count()} devices, --devices={args.devices}; run as '
@@ -157,9 +159,9 @@ def main(argv=None) -> None:
     if step not in STEPS:
       raise SystemExit(f'error: --steps entry {step!r}; expected one of {STEPS}')
     batch, seq_len = (args.sft_batch, args.sft_seq_len) if step == 'sft' else (args.rlvr_batch, args.rlvr_seq_len)
-    for remat in args.remat.split(','):
+    for remat, scope in itertools.product(args.remat.split(','), args.remat_scope.split(',')):
       model_config = model.get(args.size, param_dtype='bfloat16', dtype='bfloat16', remat_policy=remat,
-                               remat_scope=args.remat_scope, attention_impl=args.attention)
+                               remat_scope=scope, attention_impl=args.attention)
       for layout in map(parse_layout, args.layouts.split(',')):
         for accum in map(int, args.grad_accum_steps.split(',')):
           plans.append(plan(step, model_config, layout, batch=batch, seq_len=seq_len, grad_accum_steps=accum))

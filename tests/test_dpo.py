@@ -2,6 +2,7 @@
 builder, the cached reference log-probs, and the command line end to end (with a resume)."""
 
 import dataclasses
+import functools
 import importlib.util
 import json
 import math
@@ -20,7 +21,8 @@ from luckystar.data import suites
 from luckystar.model import sharding
 from luckystar.rewards.reward import Verdict
 from luckystar.stages import dpo
-from luckystar.engine import metrics, rollouts
+from luckystar.engine import logprobs, metrics, rollouts
+from luckystar.engine import step as step_lib
 from test_sft import MICRO, host_params
 
 SMOKE = 'configs/dpo.py:smoke'
@@ -162,6 +164,54 @@ def test_trailing_tool_tokens_never_contribute_with_a_real_model():
   assert abs(float(loss(changed)) - float(loss(batch))) > 1e-6
 
 
+def _random_pairs(count, seed):
+  """Pairs of a shared prompt (mask 0) and two replies of random lengths with tool tokens (mask 0) among
+  them; every third row an anchor (its reply in both halves)."""
+  rng = np.random.default_rng(seed)
+  pairs = []
+  for index in range(count):
+    prompt = rng.integers(4, MICRO.vocab_size, int(rng.integers(3, 12))).tolist()
+    sides = {}
+    for side in dpo.SIDES:
+      n = int(rng.integers(2, 10))
+      sides[side] = (prompt + rng.integers(4, MICRO.vocab_size, n).tolist(),
+                     [0] * len(prompt) + [1] + (rng.random(n - 1) > 0.2).astype(int).tolist())
+    anchor = index % 3 == 2
+    if anchor:
+      sides['rejected'] = sides['chosen']
+    pairs.append(_pair(*sides['chosen'][:1], *sides['rejected'][:1], sides['chosen'][1], sides['rejected'][1],
+                       kind=dpo.ANCHOR if anchor else 'concise'))
+  return pairs
+
+
+def test_score_columns_give_the_same_logps_loss_and_gradient():
+  """pair_batch's score_columns project onto the vocabulary only at response tokens: the pair log-probs,
+  the loss, its metrics and its gradient, whole and in micro-batches, equal the every-position ones (fp32)."""
+  params = host_params(MICRO, 0)
+  pairs = _random_pairs(8, seed=5)
+  batch = dpo.pair_batch(pairs, range(8), -np.random.default_rng(6).uniform(10, 30, (8, 2)), length_multiple=8)
+  full = {k: v for k, v in batch.items() if k != 'score_columns'}
+  narrow = logprobs.with_score_columns(full, multiple=4)     # fewer columns than T - 1, padded with -1
+  length = full['tokens'].shape[-1]
+  assert batch['score_columns'].shape == (8, 2, min(logprobs.SCORE_COLUMN_MULTIPLE, length - 1))
+  assert narrow['score_columns'].shape[-1] < length - 1 and (narrow['score_columns'] == -1).any()
+  assert dpo.flatten_pairs(narrow)['score_columns'].shape == (16, narrow['score_columns'].shape[-1])
+  pair_logps = jax.jit(dpo.pair_logps, static_argnums=0)
+  expected = pair_logps(MICRO, params, full)
+  for scored in (batch, narrow):
+    np.testing.assert_allclose(pair_logps(MICRO, params, scored), expected, rtol=1e-5, atol=1e-5)
+  loss = functools.partial(dpo.loss_fn, model_config=MICRO, beta=0.1, sft_weight=0.5, anchor_weight=2.0)
+  for grad_accum_steps in (1, 2):
+    grad = jax.jit(functools.partial(step_lib.accumulate_gradients, loss, grad_accum_steps=grad_accum_steps,
+                                     denominator='pairs', aux_weights=dpo.AUX_WEIGHTS))
+    full_grads, full_aux = grad(params, full, jax.random.key(0))
+    part_grads, part_aux = grad(params, narrow, jax.random.key(0))
+    assert float(full_aux['anchor_rows']) == 2.0
+    for name in full_aux:
+      np.testing.assert_allclose(part_aux[name], full_aux[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), part_grads, full_grads)
+
+
 # ---- batches and pairs ------------------------------------------------------------------------------------
 
 
@@ -179,8 +229,13 @@ def test_pair_batch_pads_and_keeps_a_pair_in_one_row():
   assert batch['loss_mask'][1, 1].tolist() == [0, 1, 1, 0, 1, 0, 0, 0]
   assert batch['segment_ids'][0, 0].tolist() == [1, 1, 0, 0, 0, 0, 0, 0]
   assert batch['reference_logps'].tolist() == [[-3.0, -4.0], [-1.0, -2.0]]
+  # Score columns: t where token t+1 is a response token, per half, padded with -1 (M capped at T - 1).
+  assert batch['score_columns'].shape == (2, 2, 7)
+  assert batch['score_columns'][1, 1].tolist() == [0, 1, 3, -1, -1, -1, -1]
+  assert batch['score_columns'][0, 0].tolist() == [0, -1, -1, -1, -1, -1, -1]
   rows = dpo.flatten_pairs(batch)
   assert rows['tokens'].shape == (4, 8) and rows['tokens'][2].tolist() == batch['tokens'][0, 1].tolist()
+  assert rows['score_columns'][3].tolist() == batch['score_columns'][1, 1].tolist()
 
 
 def _scored(example, tokenizer, response, *, correct, mismatch=False, thinking=None):
@@ -338,8 +393,9 @@ def test_reference_logps_are_cached_reused_and_invalidated(tmp_path, monkeypatch
                                                   length_multiple=8)
   first = get(params, pairs)
   assert len(calls) == 1 and first.shape == (3, 2) and (tmp_path / dpo.REFERENCE_FILE).is_file()
-  direct = jax.jit(dpo.pair_logps, static_argnums=0)(MICRO, params, dpo.pair_batch(pairs, range(3), length_multiple=8))
-  np.testing.assert_allclose(first, direct, rtol=1e-5)
+  every_position = {k: v for k, v in dpo.pair_batch(pairs, range(3), length_multiple=8).items() if k != 'score_columns'}
+  direct = jax.jit(dpo.pair_logps, static_argnums=0)(MICRO, params, every_position)
+  np.testing.assert_allclose(first, direct, rtol=1e-5)   # the scored-columns pass equals logits at every position
   np.testing.assert_array_equal(get(params, pairs), first)                    # a second run: reused
   assert len(calls) == 1
   other_params = jax.tree.map(lambda x: x * 1.01, params)

@@ -6,7 +6,10 @@ a cycle.
 """
 
 import ast
+import os
 import pathlib
+import subprocess
+import sys
 import textwrap
 import pytest
 
@@ -285,3 +288,21 @@ def test_imports_resolve_to_the_leaf_module(tmp_path):
   assert set(LAYERS.values()) <= set(LAYER_ORDER) and set(FAKE_LAYERS.values()) <= set(LAYER_ORDER)
   assert layer_of('luckystar', LAYERS) == 'entry' and layer_of('luckystar.model.cohere2', LAYERS) == 'core'
   assert layer_of('luckystar.stages', LAYERS) == 'stages' and layer_of('luckystar.newthing', LAYERS) is None
+
+
+# What a bare accelerator image has: jax, flax, optax, torch, transformers, but not these (DESIGN §1's stack).
+OPTIONAL_PACKAGES = ('grain', 'aqt', 'ml_collections', 'math_verify', 'faker', 'sentencepiece')
+# The modules experiments/benchmarks/gpu.py runs with no `pip install` of the rest of the stack.
+BARE_MODULES = ('luckystar.model', 'luckystar.sampling', 'luckystar.engine.state', 'luckystar.engine.step',
+                'luckystar.engine.logprobs', 'luckystar.engine.optim')
+
+
+def test_model_step_and_sampler_import_without_the_optional_packages():
+  root = pathlib.Path(__file__).resolve().parent.parent
+  script = (f'import sys\nimport {", ".join(BARE_MODULES)}\n'
+            f'loaded = sorted({{m.split(".")[0] for m in sys.modules}} & set({OPTIONAL_PACKAGES!r}))\n'
+            f'assert not loaded, f"imported {{loaded}}"\n')
+  env = {**os.environ, 'PYTHONPATH': str(root), 'JAX_PLATFORMS': 'cpu'}
+  result = subprocess.run([sys.executable, '-c', script], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=120)
+  assert result.returncode == 0, result.stderr[-2000:]

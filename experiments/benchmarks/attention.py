@@ -10,10 +10,18 @@ MLP 1536, fp32, one row of T tokens. For each T and backend: XLA's compiled temp
 the median wall time of `repeats` runs after a warm-up, with the spread (min–max). Rows whose compiled
 temporaries exceed `--max_run_gb` are compiled but not run (the dense backend at 32k: its scores alone
 are 2 · 4 · 32k² · 4 B ≈ 34 GB). Prints a markdown table; the ratios are taken in this run.
+
+    python experiments/benchmarks/attention.py --bench_step [--lengths=128,256,512,1024,2048]
+
+instead times the whole SFT update of the `bench` model (`sft_step.ours_step_seconds`: AdamW, one jit)
+with each backend at every length, rows × T = 2,048 tokens per step, xla and blockwise alternating for
+--rounds rounds (each a median of --repeats steps): the measurement behind `attention_impl='auto'` on CPU.
 """
 
 import argparse
+import pathlib
 import statistics
+import sys
 import time
 
 import jax
@@ -59,13 +67,36 @@ def measure(impl: str, length: int, block: int, repeats: int, max_run_bytes: flo
   return {'impl': impl, 'length': length, 'temp_bytes': temp, 'compile_s': compile_s, 'times': times}
 
 
+def bench_step(lengths: list[int], rounds: int, repeats: int) -> None:
+  import sft_step   # pylint: disable=g-import-not-at-top  (a sibling script: run from this directory's parent)
+  print('| T | rows | xla step s (min–max) | blockwise step s (min–max) | xla / blockwise |')
+  print('|---|---|---|---|---|')
+  for length in lengths:
+    rows = max(1, 2048 // length)
+    times = {'xla': [], 'blockwise': []}
+    for _ in range(rounds):
+      for impl in times:
+        config = model.get('bench', attention_impl=impl)
+        times[impl].append(sft_step.ours_step_seconds(config, sft_step.synthetic_batch(config, rows, length),
+                                                      steps=repeats, warmup=2))
+    spread = lambda t: f'{statistics.median(t):.3f} ({min(t):.3f}–{max(t):.3f})'
+    ratio = statistics.median(times['xla']) / statistics.median(times['blockwise'])
+    print(f"| {length:,} | {rows} | {spread(times['xla'])} | {spread(times['blockwise'])} | {ratio:.2f}× |",
+          flush=True)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--lengths', default='2048,8192,32768')
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--block', type=int, default=512)
   parser.add_argument('--max_run_gb', type=float, default=12.0, help='compile only above this many temp GB')
+  parser.add_argument('--bench_step', action='store_true', help='the bench SFT step per backend (docstring)')
+  parser.add_argument('--rounds', type=int, default=3, help='--bench_step: alternating rounds')
   args = parser.parse_args()
+  if args.bench_step:
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    return bench_step(list(map(int, args.lengths.split(','))), args.rounds, max(args.repeats, 3))
   rows = []
   for length in map(int, args.lengths.split(',')):
     pair = [measure(impl, length, args.block, args.repeats, args.max_run_gb * 1e9) for impl in ('xla', 'blockwise')]

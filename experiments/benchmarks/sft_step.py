@@ -30,15 +30,14 @@ import argparse
 import functools
 import os
 import time
+import types
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 
 from luckystar import model
-from luckystar.interop import hf
 from luckystar.model import sharding
 from luckystar.engine import logprobs
 from luckystar.engine import optim
@@ -91,8 +90,11 @@ def synthetic_batch(config: model.ModelConfig, batch: int, length: int) -> dict[
           'positions': np.broadcast_to(np.arange(length, dtype=np.int32), tokens.shape).copy()}
 
 
-def ours_step_seconds(config: model.ModelConfig, batch: dict[str, np.ndarray], steps: int, warmup: int) -> float:
-  optimizer = optim.make(ml_collections.ConfigDict(OPTIMIZER))
+def compiled_update(config: model.ModelConfig, batch: dict[str, np.ndarray]):
+  """(compiled SFT update, a fresh random state, the batch on the mesh, an rng) on a data-parallel mesh of
+  every device: what the sft stage runs (`step.make_update_fn` on `logprobs.token_cross_entropy`). The
+  update donates its state: call it as `state, metrics = compiled(state, batch, rng)`."""
+  optimizer = optim.make(types.SimpleNamespace(**OPTIMIZER))
   mesh = sharding.make_mesh()
   state = state_lib.create(config, optimizer, mesh, seed=0)
   update = step_lib.make_update_fn(functools.partial(logprobs.token_cross_entropy, model_config=config), optimizer,
@@ -100,6 +102,11 @@ def ours_step_seconds(config: model.ModelConfig, batch: dict[str, np.ndarray], s
   device_batch = update.put_batch(batch)
   compiled = update.lower(state, device_batch, state_lib.step_rng(state)).compile()
   rng = jax.device_put(jax.random.key(0), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  return compiled, state, device_batch, rng
+
+
+def ours_step_seconds(config: model.ModelConfig, batch: dict[str, np.ndarray], steps: int, warmup: int) -> float:
+  compiled, state, device_batch, rng = compiled_update(config, batch)
   for _ in range(warmup):
     state, metrics = compiled(state, device_batch, rng)
   jax.block_until_ready(metrics)
@@ -116,6 +123,7 @@ def torch_peer(config: model.ModelConfig):
   """A transformers Cohere2ForCausalLM of config's shape in train mode and its torch AdamW (seed 0)."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
+  from luckystar.interop import hf  # pylint: disable=g-import-not-at-top  # here: it imports AQT (gpu.py runs without)
   torch.manual_seed(0)
   torch.set_num_threads(os.cpu_count())
   hf_config = transformers.Cohere2Config(pad_token_id=0, bos_token_id=2, eos_token_id=3, **{

@@ -15,12 +15,12 @@ from luckystar import model
 
 
 def next_token_targets(batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
-  """(targets, weights), both [B, T-1]: the prediction at position t is scored against token t+1,
-  only where token t+1 is trained on (loss_mask) and belongs to the same document as token t."""
+  """(targets, weights), both [..., T-1] for [..., T] rows: the prediction at position t is scored against
+  token t+1, only where token t+1 is trained on (loss_mask) and belongs to the same document as token t."""
   tokens, segments = batch['tokens'], batch['segment_ids']
-  same_document = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)
-  weights = (batch['loss_mask'][:, 1:] > 0) & same_document
-  return tokens[:, 1:], weights.astype(jnp.float32)
+  same_document = (segments[..., 1:] == segments[..., :-1]) & (segments[..., 1:] > 0)
+  weights = (batch['loss_mask'][..., 1:] > 0) & same_document
+  return tokens[..., 1:], weights.astype(jnp.float32)
 
 
 SCORE_COLUMN_MULTIPLE = 64
@@ -28,18 +28,18 @@ SCORE_COLUMN_MULTIPLE = 64
 
 def with_score_columns(batch: Mapping[str, np.ndarray], multiple: int = SCORE_COLUMN_MULTIPLE
                        ) -> dict[str, np.ndarray]:
-  """Adds 'score_columns' [B, M]: per row, the columns t whose next token is trained on
-  (`next_token_targets`), padded with -1; M is the longest row's count rounded up to `multiple`
-  (a few batch shapes, each compiled once). `token_cross_entropy` then projects onto the vocabulary only there:
-  with ~10–30% of tokens trained, most of that projection's FLOPs are skipped. Exact: the loss and
-  its gradient are the same as without it."""
-  _, weights = next_token_targets(batch)
-  columns = [np.flatnonzero(row) for row in weights]
-  width = min(-(-max(1, max(map(len, columns))) // multiple) * multiple, weights.shape[1])
+  """Adds 'score_columns' [B, M] ([B, 2, M] for DPO's [B, 2, T] pair rows: any leading axes are kept):
+  per row, the columns t whose next token is trained on (`next_token_targets`), padded with -1; M is the
+  longest row's count rounded up to `multiple` (a few batch shapes, each compiled once).
+  `token_cross_entropy` then projects onto the vocabulary only there: with ~10–30% of tokens trained,
+  most of that projection's FLOPs are skipped. Exact: the loss and its gradient are the same as without it."""
+  _, weights = next_token_targets(batch)                 # [..., T-1]
+  columns = [np.flatnonzero(row) for row in weights.reshape(-1, weights.shape[-1])]
+  width = min(-(-max(1, max(map(len, columns))) // multiple) * multiple, weights.shape[-1])
   padded = np.full((len(columns), width), -1, np.int32)
   for row, found in zip(padded, columns):
     row[:len(found)] = found
-  return {**batch, 'score_columns': padded}
+  return {**batch, 'score_columns': padded.reshape(*weights.shape[:-1], width)}
 
 
 def token_cross_entropy(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, *,

@@ -11,7 +11,7 @@ on one device.
   a luckystar run directory       the params of its latest checkpoint (via `loading.load`)
 """
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import flax.struct
 import jax
@@ -22,11 +22,14 @@ from luckystar import errors
 from luckystar import model
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.model import sharding
-from luckystar.engine import checkpoint
-from luckystar.engine import loading
 from luckystar.engine import optim
-from luckystar.interop import hf
 from luckystar.tokenizer import formats
+
+# checkpoint, loading and hf pull in grain and AQT; they are imported where `start` and the loaders use them,
+# so that `step` (which takes a TrainState) runs where only jax, flax and optax are installed.
+if TYPE_CHECKING:
+  from luckystar.engine import loading
+  from luckystar.interop import hf
 
 RANDOM_INIT_PREFIX = 'random:'
 
@@ -51,7 +54,7 @@ class Initial(NamedTuple):
   model_config: model.ModelConfig
   params: Any | None                         # None: random init, or streamed from `headers`
   tokenizer: tokenizer_lib.Tokenizer | None  # None: the checkpoint carries none
-  headers: dict[str, hf.TensorHeader] | None = None   # a float transformers checkpoint to stream onto the mesh
+  headers: 'dict[str, hf.TensorHeader] | None' = None   # a float transformers checkpoint to stream onto the mesh
 
 
 def initial_model(init_from: str, overrides: Any = None, chat_format: str = 'auto', *, stream: bool = False
@@ -59,6 +62,7 @@ def initial_model(init_from: str, overrides: Any = None, chat_format: str = 'aut
   """The model named by `config.init_from`, with `config.model_overrides` (ModelConfig fields) replaced, and
   its tokenizer in `config.chat_format`: a checkpoint's own, the bundled one for 'random:<size>'. With
   `stream`, a float transformers checkpoint is only opened (`headers`), for `start` to read onto its mesh."""
+  from luckystar.engine import loading  # pylint: disable=g-import-not-at-top
   overrides = dict(overrides or {})
   if unknown := set(overrides) - set(model.ModelConfig.__dataclass_fields__):
     raise errors.UserError(f'config.model_overrides names {sorted(unknown)}, which are not ModelConfig fields')
@@ -88,9 +92,10 @@ def tokenizer_of(initial: Initial, init_from: str) -> tokenizer_lib.Tokenizer:
   return initial.tokenizer
 
 
-def load_model(config) -> loading.Model:
+def load_model(config) -> 'loading.Model':
   """`config.init_from` as a `loading.Model` with its tokenizer, for stages that sample or score without
   training; 'random:<size>' initialises from `config.seed` (an untrained model: for smoke tests only)."""
+  from luckystar.engine import loading  # pylint: disable=g-import-not-at-top
   initial = initial_model(config.init_from, config.get('model_overrides'), config.get('chat_format', 'auto'))
   params = initial.params
   if params is None:
@@ -159,6 +164,8 @@ def start(config, workdir: Any, *, updates_per_step: int = 1, needs_tokenizer: b
   `workdir`, so the run's checkpoints load with it; a checkpoint without one is an error unless the stage's
   data are token ids, `needs_tokenizer=False`), the mesh of `config.mesh`, the optimizer (`optim.make`) and
   the sharded train state holding the initial params."""
+  from luckystar.engine import checkpoint  # pylint: disable=g-import-not-at-top
+  from luckystar.interop import hf  # pylint: disable=g-import-not-at-top
   initial = initial_model(config.init_from, config.get('model_overrides'), config.get('chat_format', 'auto'),
                           stream=True)
   tokenizer = tokenizer_of(initial, config.init_from) if needs_tokenizer else initial.tokenizer

@@ -9,8 +9,8 @@ chosen by `ModelConfig.attention_impl`:
                with several segments fall back to blockwise (it takes no segment ids)
     splash     Pallas splash attention on TPU (segment ids, causal and local masks); `interpret=True` runs its
                kernel on CPU for tests
-    auto       per platform and length (`resolve`): xla for short rows on CPU (the bundled shapes), blockwise
-               beyond; cudnn on GPU; splash on TPU
+    auto       per platform (`resolve`): blockwise on CPU (faster than xla from 128 tokens up, the bundled
+               `bench` step included: docs/benchmarks.md); cudnn on GPU; splash on TPU
 
 Masks everywhere: key j is visible from query i iff j <= i, segment_ids equal, and for a sliding layer
 i - window < j. q [B, T, K, G, D] (G query heads per KV head), k, v [B, T, K, D].
@@ -28,37 +28,40 @@ from luckystar.model.config import ModelConfig
 Array = jax.Array
 
 DEFAULT_BLOCK = ModelConfig.attention_block
-# On CPU rows up to this many tokens (the bundled and `bench` shapes) keep the materialised scores; longer
-# rows go blockwise, whose memory does not grow with T². At 2,048 blockwise already won (docs/benchmarks.md).
-CPU_XLA_MAX_LENGTH = 2048
 SPLASH_LANES = 128   # splash blocks are multiples of the TPU's 128 lanes
 
 
-def resolve(impl: str, length: int, platform: str | None = None) -> str:
-  """The backend that runs `impl` for rows of `length` tokens on `platform` (default: jax's default backend);
-  cudnn and splash off their accelerator run the same math blockwise."""
+def resolve(impl: str, platform: str | None = None) -> str:
+  """The backend that runs `impl` on `platform` (default: jax's default backend); cudnn and splash off their
+  accelerator run the same math blockwise."""
   if impl not in IMPLS:
     raise ValueError(f'attention_impl {impl!r} is not one of {IMPLS}')
   platform = platform or jax.default_backend()
   if impl == 'auto':
-    impl = {'gpu': 'cudnn', 'tpu': 'splash'}.get(platform, 'xla' if length <= CPU_XLA_MAX_LENGTH else 'blockwise')
+    impl = {'gpu': 'cudnn', 'tpu': 'splash'}.get(platform, 'blockwise')
   if (impl == 'cudnn' and platform != 'gpu') or (impl == 'splash' and platform != 'tpu'):
     return 'blockwise'
   return impl
 
 
+def causal(query: Array, key: Array, window: int | None) -> Array:
+  """The one causal + window rule, broadcast over query and key positions (training masks and the cache's)."""
+  allowed = key <= query
+  if window is not None:
+    allowed &= key > query - window
+  return allowed
+
+
 def visible(segment_ids_q: Array, segment_ids_k: Array, query: Array, key: Array, window: int | None) -> Array:
   """[B, Tq, Tk] bool: causal, same segment, and inside the window. query [Tq], key [Tk]: token positions."""
-  allowed = key[None, :] <= query[:, None]
-  if window is not None:
-    allowed &= key[None, :] > query[:, None] - window
+  allowed = causal(query[:, None], key[None, :], window)
   return allowed[None] & (segment_ids_q[:, :, None] == segment_ids_k[:, None, :])
 
 
 def attend(q: Array, k: Array, v: Array, segment_ids: Array, *, window: int | None, impl: str = 'auto',
            dtype: Any = jnp.float32, block: int = DEFAULT_BLOCK) -> Array:
   """Training attention within rows: q [B, T, K, G, D], k, v [B, T, K, D], segment_ids [B, T] → [B, T, K, G, D]."""
-  impl = resolve(impl, q.shape[1])
+  impl = resolve(impl)
   if impl == 'xla':
     return _xla(q, k, v, segment_ids, window, dtype)
   if impl == 'cudnn':

@@ -141,10 +141,8 @@ def cached_attention_mask(starts: Array, index: Array, length: int, slots: int, 
   """
   queries = index + jnp.arange(length)                                           # [T]
   keys = cache_key_columns(index, length, slots)
-  allowed = (keys[None, None, :] <= queries[None, :, None]) & (keys[None, None, :] >= starts[:, None, None])
-  if window is not None:
-    allowed &= keys[None, None, :] > queries[None, :, None] - window
-  return allowed[:, None]
+  allowed = attention_lib.causal(queries[None, :, None], keys[None, None, :], window)
+  return (allowed & (keys[None, None, :] >= starts[:, None, None]))[:, None]
 
 
 def write_cache(buffer: Array, new: Array, index: Array) -> Array:
@@ -239,11 +237,18 @@ class Block(nn.Module):
   @nn.compact
   def __call__(self, x: Array, positions: Array, context: Array, cache: dict[str, Array] | None = None,
                group: Array | None = None, index: Array | None = None):
-    h = LayerNorm(self.config.layer_norm_eps, self.config.param_dtype, name='input_layernorm')(x)
+    # Training keeps the residual stream split over the sequence ('act_seq', see model.sharding); the
+    # branches work on whole rows, gathered while still [B, T, E] and summed back whole, so that the
+    # projections' flattened [B·T, E] matmuls never meet a sequence-split operand or cotangent (GSPMD
+    # reshards those by replicating them).
+    residual = ('batch', 'act_seq' if cache is None else 'length', 'act_embed')
+    whole = ('batch', 'length', 'act_embed')
+    h = constrain(LayerNorm(self.config.layer_norm_eps, self.config.param_dtype, name='input_layernorm')(x), whole)
     attention = Attention(self.config, self.sliding, name='self_attn')(h, positions, context, cache, group, index)
     if cache is not None:
       attention, cache = attention
-    out = constrain(x + attention + Mlp(self.config, name='mlp')(h), ('batch', 'length', 'act_embed'))
+    mlp = Mlp(self.config, name='mlp')(h)
+    out = constrain(x + constrain(attention, whole) + constrain(mlp, whole), residual)
     return out if cache is None else (out, cache)
 
 
@@ -299,7 +304,7 @@ class Decoder(nn.Module):
     if segment_ids is None:
       segment_ids = jnp.ones_like(tokens)
     embedding = self._embedding()
-    x = constrain(jnp.take(embedding, tokens, axis=0).astype(cfg.dtype), ('batch', 'length', 'act_embed'))
+    x = constrain(jnp.take(embedding, tokens, axis=0).astype(cfg.dtype), ('batch', 'act_seq', 'act_embed'))
     group = LayerGroup
     if cfg.remat_policy != 'none' and cfg.remat_scope == 'group':
       group = nn.remat(group, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=False)

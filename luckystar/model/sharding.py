@@ -2,7 +2,11 @@
 
 Params carry `embed, vocab, heads, kv_heads, head_dim, mlp, layers`; activations
 carry `batch, length` plus the `act_*` names (an activation's hidden axis is not
-sharded like the weights' `embed` axis, which FSDP splits).
+sharded like the weights' `embed` axis, which FSDP splits). `act_seq` is the sequence axis of the
+training residual stream between blocks, split over 'tensor' (Megatron-style sequence parallelism):
+each block gathers its input and reduce-scatters its output, the same traffic as the all-reduce a
+tensor-parallel block needs anyway, while the per-layer inputs kept for the backward pass shrink by
+the tensor size.
 """
 
 import contextlib
@@ -26,6 +30,7 @@ RULES = (
     # activations
     ('batch', ('data', 'fsdp')),
     ('length', None),
+    ('act_seq', 'tensor'),
     ('act_embed', None),
     ('act_heads', 'tensor'),
     ('act_kv_heads', 'tensor'),

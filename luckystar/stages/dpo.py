@@ -57,9 +57,10 @@ The stage (`run`):
      command on the same workdir resumes.
 
 Batches: tokens, positions, segment_ids, loss_mask [B, 2, T] int (axis 1: chosen, rejected; rows
-right-padded with segment 0), anchor [B] int (1: an anchor row, its reply in both halves) and
-reference_logps [B, 2] float. Keeping a pair in one row keeps it
-together when `accumulate_gradients` splits rows into micro-batches.
+right-padded with segment 0), score_columns [B, 2, M] int (`logprobs.with_score_columns`: the columns
+whose next token is a response token, padded with -1; the vocabulary projection runs only there),
+anchor [B] int (1: an anchor row, its reply in both halves) and reference_logps [B, 2] float. Keeping a
+pair in one row keeps it together when `accumulate_gradients` splits rows into micro-batches.
 """
 
 import collections
@@ -118,11 +119,11 @@ AUX_WEIGHTS = {**dict.fromkeys(('rewards/chosen', 'rewards/rejected', 'rewards/m
                'anchor_loss': 'anchor_rows', 'anchor_rows': None, 'preference_rows': None}
 
 
-def sequence_logps(token_logps: jax.Array, loss_mask: jax.Array) -> jax.Array:
-  """Σ_t log π(token t+1 | ≤ t) over response tokens: token_logps [N, T-1] (`logprobs.token_logprobs`),
-  loss_mask [N, T] (1 on response tokens) → [N]. Position t is weighted by loss_mask[t+1], the mask
-  of the token it predicts, so prompt and tool tokens never count."""
-  return (token_logps * loss_mask[:, 1:].astype(token_logps.dtype)).sum(-1)
+def sequence_logps(token_logps: jax.Array, rows: Mapping[str, jax.Array]) -> jax.Array:
+  """Σ_t log π(token t+1 | ≤ t) over response tokens → [N]: token_logps [N, T-1], or [N, M] at
+  rows['score_columns'] (`logprobs.token_logprobs` of `rows`). Column t is weighted by loss_mask[t+1],
+  the mask of the token it predicts, so prompt and tool tokens (and padding columns) never count."""
+  return (token_logps * logprobs.next_tokens(rows, rows['loss_mask']).astype(token_logps.dtype)).sum(-1)
 
 
 def preference_losses(chosen_logratios: jax.Array, rejected_logratios: jax.Array, *, beta: float,
@@ -143,16 +144,18 @@ def preference_losses(chosen_logratios: jax.Array, rejected_logratios: jax.Array
 
 
 def flatten_pairs(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-  """[B, 2, T] pair rows → [2B, T] model rows: the B chosen rows, then the B rejected rows."""
-  return {k: jnp.concatenate([batch[k][:, 0], batch[k][:, 1]]) for k in ('tokens', 'positions', 'segment_ids',
-                                                                         'loss_mask')}
+  """[B, 2, T] pair rows → [2B, T] model rows: the B chosen rows, then the B rejected rows (score_columns,
+  where present, [B, 2, M] → [2B, M])."""
+  return {k: jnp.concatenate([batch[k][:, 0], batch[k][:, 1]])
+          for k in ('tokens', 'positions', 'segment_ids', 'loss_mask', 'score_columns') if k in batch}
 
 
 def pair_logps(model_config: model.ModelConfig, params: Any, batch: Mapping[str, jax.Array]) -> jax.Array:
-  """Summed response log-probs [B, 2] (chosen, rejected) of each pair under `params`, at temperature 1."""
+  """Summed response log-probs [B, 2] (chosen, rejected) of each pair under `params`, at temperature 1;
+  with the batch's score_columns (`pair_batch`), the vocabulary projection runs only at response tokens."""
   rows = flatten_pairs(batch)
   token_logps, _ = logprobs.token_logprobs(model_config, params, rows, temperature=1.0)
-  return sequence_logps(token_logps, rows['loss_mask']).reshape(2, -1).T
+  return sequence_logps(token_logps, rows).reshape(2, -1).T
 
 
 _jitted_pair_logps = jax.jit(pair_logps, static_argnums=0)
@@ -165,7 +168,8 @@ def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, 
   rows, and of anchor_weight · the anchor reply's per-token NLL on anchor rows.
 
   batch: tokens, positions, segment_ids, loss_mask [B, 2, T]; reference_logps [B, 2]; optionally
-  anchor [B] (1: an anchor row, its reply in both halves; see the module docstring). aux over the
+  score_columns [B, 2, M] (`pair_batch`; the same loss, fewer FLOPs) and anchor [B] (1: an anchor row,
+  its reply in both halves; see the module docstring). aux over the
   preference rows, named as TRL names them: rewards/chosen and rewards/rejected (β·(log π − log π_ref)),
   rewards/margins (their difference), rewards/accuracies (chosen reward > rejected reward),
   logps/chosen, logps/rejected (summed response log-probs), response_length/chosen and /rejected
@@ -207,7 +211,8 @@ def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, 
 def pair_batch(pairs: Sequence[Mapping[str, Any]], indices: Sequence[int], reference: np.ndarray | None = None, *,
                length_multiple: int) -> dict[str, np.ndarray]:
   """Pairs `indices` as a batch (module docstring), padded to a multiple of `length_multiple` tokens
-  (a few batch shapes, each compiled once). reference: [pairs, 2] log-probs, or None (no field)."""
+  (a few batch shapes, each compiled once), with score_columns [B, 2, M] at the response tokens
+  (`logprobs.with_score_columns`). reference: [pairs, 2] log-probs, or None (no field)."""
   rows = [pairs[int(i)] for i in indices]
   longest = max(len(row[f'{side}_tokens']) for row in rows for side in SIDES)
   length = -(-longest // length_multiple) * length_multiple
@@ -223,7 +228,8 @@ def pair_batch(pairs: Sequence[Mapping[str, Any]], indices: Sequence[int], refer
   batch['anchor'] = np.asarray([row.get('kind') == ANCHOR for row in rows], np.int32)
   if reference is not None:
     batch['reference_logps'] = np.asarray(reference, np.float32)[np.asarray(indices, np.int64)]
-  return batch
+  # Replies are a fraction of a pair's tokens: logits only where a response token is predicted.
+  return logprobs.with_score_columns(batch)
 
 
 def training_batches(pairs: Sequence[Mapping[str, Any]], reference: np.ndarray, *, batch_size: int, seed: int,

@@ -18,7 +18,6 @@ import io
 import pathlib
 from typing import Iterable, Sequence
 
-import sentencepiece as spm
 
 from luckystar.tokenizer import codecs
 from luckystar.tokenizer import formats
@@ -251,6 +250,7 @@ _REQUIRED_CHARS = ''.join(chr(c) for c in range(33, 127))
 def train(lines: Iterable[str], vocab_size: int = VOCAB_SIZE) -> bytes:
   """A byte-fallback BPE model over `lines` with our special tokens; identity normalisation and kept
   whitespace so that decode(encode(text)) == text exactly."""
+  import sentencepiece as spm   # here: the GPU benchmark image runs the model and sampler without it
   model = io.BytesIO()
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size, model_type='bpe',

@@ -14,6 +14,11 @@ of a tool round trip (`Tokenizer.tool_round_trip`) equals what `Tokenizer.render
 for an assistant turn with an action followed by a tool turn and another
 assistant turn.
 
+Randomness is per row: the token a row draws at column c of its continuation (tool turns included) uses
+the key fold_in(fold_in(rng, row id), c), row ids being global (`sample`'s and `rollout`'s `row_ids`,
+default the row's index). A row's draws therefore never depend on which rows share its batch, on padding,
+on how the rounds of the tool loop group rows, or (given global ids) on how many processes sample.
+
 Log-probs come in two flavours per generated token: `logprobs`, of the
 distribution actually sampled from (after temperature, top-k and top-p; 0 for
 greedy, a point mass), and `untruncated_logprobs`, log softmax(logits / T)
@@ -131,37 +136,47 @@ def chosen_logprobs(logits: Array, tokens: Array) -> Array:
   return jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(logits, axis=-1)
 
 
-def choose_tokens(logits: Array, rng: Array, settings: SamplingSettings) -> tuple[Array, Array, Array]:
-  """logits [B, V] float32 → (tokens [B], sampled-distribution log-probs [B], untruncated log-probs [B])."""
+def row_keys(rng: Array, row_ids: Array, columns: Array) -> Array:
+  """[B] keys: row row_ids[b]'s draw at column columns[b] of its continuation (the module docstring's rule)."""
+  return jax.vmap(lambda row, column: jax.random.fold_in(jax.random.fold_in(rng, row), column))(row_ids, columns)
+
+
+def choose_tokens(logits: Array, keys: Array, settings: SamplingSettings) -> tuple[Array, Array, Array]:
+  """logits [B, V] float32, keys [B] (`row_keys`) → (tokens [B], sampled-distribution log-probs [B],
+  untruncated log-probs [B])."""
   if settings.temperature == 0:
     tokens = greedy_tokens(logits)
     untruncated = chosen_logprobs(logits, tokens)
     return tokens, jnp.zeros_like(untruncated), untruncated
   scaled = logits / settings.temperature
   truncated = truncated_logits(scaled, settings.top_k, settings.top_p)
-  tokens = jax.random.categorical(rng, truncated, axis=-1)
+  tokens = jax.vmap(jax.random.categorical)(keys, truncated)
   return tokens, chosen_logprobs(truncated, tokens), chosen_logprobs(scaled, tokens)
 
 
 @functools.partial(jax.jit, static_argnames=('decoder', 'max_new_tokens', 'settings'))
 def sample_padded(decoder: Decoder, params: Any, tokens: Array, starts: Array, budgets: Array, stop_ids: Array,
-                  rng: Array, *, max_new_tokens: int, settings: SamplingSettings) -> SampleOutput:
+                  rng: Array, row_ids: Array, offsets: Array, *, max_new_tokens: int,
+                  settings: SamplingSettings) -> SampleOutput:
   """The jitted sampler on left-padded prompts.
 
   tokens [B, T] int32, row b's prompt in tokens[b, starts[b]:]; budgets [B] int32 <= max_new_tokens,
-  the most tokens row b may generate (0: none); stop_ids [S] int32 (-1 never matches). Under
-  `sharding.activate(mesh)` the batch axis is sharded over the mesh's ('data', 'fsdp') axes.
+  the most tokens row b may generate (0: none); stop_ids [S] int32 (-1 never matches); row_ids [B] and
+  offsets [B] int32: row b's global id and the continuation column its first new token takes (what its
+  draws are keyed by). Under `sharding.activate(mesh)` the batch axis is sharded over the mesh's
+  ('data', 'fsdp') axes.
   """
   batch = tokens.shape[0]
   tokens = constrain(tokens.astype(jnp.int32), ('batch', 'length'))
   budgets = constrain(budgets.astype(jnp.int32), ('batch',))
+  row_ids, offsets = (constrain(x.astype(jnp.int32), ('batch',)) for x in (row_ids, offsets))
   logits, state = decoder.prefill(params, tokens, constrain(starts.astype(jnp.int32), ('batch',)),
                                   tokens.shape[1] + max_new_tokens)
 
   def record(carry, logits):
     """Samples column `step` from logits and writes it for the rows still running."""
     step = carry['step']
-    token, logprob, untruncated = choose_tokens(logits, jax.random.fold_in(rng, step), settings)
+    token, logprob, untruncated = choose_tokens(logits, row_keys(rng, row_ids, offsets + step), settings)
     running = ~carry['done']
     token = jnp.where(running, token, PAD_ID).astype(jnp.int32)
     stopped = running & jnp.isin(token, stop_ids)
@@ -214,12 +229,14 @@ def left_pad(prompts: Sequence[Sequence[int]], length_multiple: int = 1) -> tupl
 
 def sample(model: 'model_lib.ModelConfig | Decoder', params: Any, prompts: Sequence[Sequence[int]], *,
            rng: Array, max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-           stop_ids: Sequence[int] = (), budgets: Sequence[int] | None = None,
-           length_multiple: int = 1) -> SampleOutput:
+           stop_ids: Sequence[int] = (), budgets: Sequence[int] | None = None, length_multiple: int = 1,
+           row_ids: Sequence[int] | None = None, offsets: Sequence[int] | None = None) -> SampleOutput:
   """Generates up to max_new_tokens per prompt (token id lists of any lengths).
 
   model: a ModelConfig (the cached luckystar decoder) or any `Decoder`. budgets: per-row limits
-  (default max_new_tokens). length_multiple rounds the padded prompt length up, so that calls with
+  (default max_new_tokens). row_ids: each row's global id (default 0..B-1) and offsets: the continuation
+  column each row's first new token takes (default 0), which key its draws (module docstring).
+  length_multiple rounds the padded prompt length up, so that calls with
   similar prompts reuse one compiled program. Under `sharding.activate(mesh)` the batch is padded to a
   multiple of the mesh's batch devices (rows with budget 0, dropped from the output), so any number
   of prompts splits over ('data', 'fsdp').
@@ -233,10 +250,19 @@ def sample(model: 'model_lib.ModelConfig | Decoder', params: Any, prompts: Seque
   padding = -rows % _batch_devices()
   tokens, starts = left_pad([*prompts, *[prompts[0]] * padding], length_multiple)
   budgets = np.concatenate([budgets, np.zeros(padding, np.int32)])
+
+  def per_row(name, values, default):  # then zeros for the padding rows (budget 0: they never draw)
+    values = default if values is None else np.asarray(values, np.int32)
+    if values.shape != (rows,):
+      raise ValueError(f'{name} must hold {rows} ints, one per prompt, got shape {values.shape}')
+    return np.concatenate([values, np.zeros(padding, np.int32)])
+
+  row_ids = per_row('row_ids', row_ids, np.arange(rows, dtype=np.int32))
+  offsets = per_row('offsets', offsets, np.zeros(rows, np.int32))
   stops = np.full(_bucket(len(stop_ids), 4), -1, np.int32)  # a few sizes, so stop sets share programs
   stops[:len(stop_ids)] = stop_ids
   settings = SamplingSettings(float(temperature), int(top_k), float(top_p))
-  out = sample_padded(as_decoder(model), params, tokens, starts, budgets, stops, rng,
+  out = sample_padded(as_decoder(model), params, tokens, starts, budgets, stops, rng, row_ids, offsets,
                       max_new_tokens=int(max_new_tokens), settings=settings)
   return out if not padding else jax.tree.map(lambda x: x[:rows], out)
 
@@ -300,7 +326,7 @@ class _Row:
 def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: tokenizer_lib.Tokenizer,
             prompts: Sequence[Sequence[int]], *, rng: Array, max_new_tokens: int, tool_fn: ToolFn | None = None,
             max_tool_turns: int = 4, max_tool_result_tokens: int = 512, temperature: float = 1.0, top_k: int = 0,
-            top_p: float = 1.0, length_multiple: int = 64) -> list[Rollout]:
+            top_p: float = 1.0, length_multiple: int = 64, row_ids: Sequence[int] | None = None) -> list[Rollout]:
   """Generates each prompt's continuation, running tools between turns.
 
   prompts: rendered with add_generation_prompt=True. A row that stops at END_ACTION gets
@@ -309,10 +335,13 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
   the row. max_new_tokens bounds the whole continuation, spliced tool turns included, so a
   sequence never exceeds prompt + max_new_tokens. Rows that resume are batched together; shapes
   are rounded up to length_multiple (and the batch to a power of two) to reuse compiled programs.
+  row_ids: each prompt's global id (default its index), which with its continuation column keys its draws:
+  a row samples the same tokens whichever rows it shares a round with.
   """
   settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
   stop_ids = tokenizer.stop_ids
   rows = [_Row(prompt=list(p)) for p in prompts]
+  row_ids = list(range(len(rows))) if row_ids is None else [int(i) for i in row_ids]
   active = list(range(len(rows)))
   for round_index in range(max_tool_turns + 1):
     if not active:
@@ -320,10 +349,12 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
     budgets = [max_new_tokens - len(rows[i].ids) for i in active]
     inputs = [rows[i].prompt + rows[i].ids for i in active]
     batch = 1 << (len(active) - 1).bit_length()  # filler rows have budget 0: they generate nothing
+    filler = batch - len(active)
     out = jax.device_get(sample(
-        model, params, inputs + [inputs[0]] * (batch - len(active)), rng=jax.random.fold_in(rng, round_index),
-        max_new_tokens=_bucket(max(budgets), length_multiple), stop_ids=stop_ids,
-        budgets=budgets + [0] * (batch - len(active)), length_multiple=length_multiple, **settings))
+        model, params, inputs + [inputs[0]] * filler, rng=rng, max_new_tokens=_bucket(max(budgets), length_multiple),
+        stop_ids=stop_ids, budgets=budgets + [0] * filler, length_multiple=length_multiple,
+        row_ids=[row_ids[i] for i in active] + [0] * filler, offsets=[len(rows[i].ids) for i in active] + [0] * filler,
+        **settings))
     resuming = []
     for slot, i in enumerate(active):
       row, length = rows[i], int(out.lengths[slot])

@@ -140,6 +140,23 @@ def test_stop_tokens_and_budgets_stop_rows_independently(params, prompts, greedy
   assert out.finished[0] and out.lengths[0] <= 4 and out.overlong[3] and out.lengths[3] == 6
 
 
+def test_a_rows_draws_do_not_depend_on_its_batch(params, prompts):
+  """At temperature 1, row r draws the same tokens alone, in another order or beside other rows (row_ids
+  carry its global id), and a continuation resumed at an offset draws what the whole one drew there."""
+  def draw(batch, **kwargs):
+    return jax.device_get(sampling.sample(CONFIG, params, batch, rng=jax.random.key(7), max_new_tokens=NEW_TOKENS,
+                                          length_multiple=16, **kwargs))
+  whole = draw(prompts)
+  assert len({tuple(row) for row in whole.tokens}) == len(prompts)    # rows differ: the draws are per row
+  subset = draw([prompts[3], prompts[1]], row_ids=[3, 1])
+  np.testing.assert_array_equal(subset.tokens, whole.tokens[[3, 1]])
+  np.testing.assert_allclose(subset.logprobs, whole.logprobs[[3, 1]], atol=1e-5)
+  assert not np.array_equal(draw([prompts[3], prompts[1]]).tokens, subset.tokens)   # ids 0, 1: other draws
+  cut = 5   # resume row 2 after its first `cut` tokens: the rest equals the whole continuation's rest
+  resumed = draw([prompts[2] + whole.tokens[2, :cut].tolist()], row_ids=[2], offsets=[cut])
+  np.testing.assert_array_equal(resumed.tokens[0, :NEW_TOKENS - cut], whole.tokens[2, cut:])
+
+
 def test_sharded_sampling_gives_the_same_greedy_tokens():
   """Batch split over a (2, 2, 2) mesh: greedy tokens equal the argmax of the one-device full forward.
 
@@ -202,6 +219,7 @@ class ScriptedDecoder:
   """
   max_turns: int = 2
   max_steps: int = 32
+  boost: float = 3.0   # the scripted token's logit over the wobble (11: sampled ≈ 80% of the time at T=1)
 
   def table(self):
     markers = {enc(row)[0]: kind for kind, row in enumerate(SCRIPTS)}
@@ -230,7 +248,7 @@ class ScriptedDecoder:
     last = jnp.take_along_axis(buffer, jnp.full_like(starts, index - 1)[:, None], axis=1)[:, 0]
     hashed = (jnp.arange(TOKENIZER.vocab_size) * 7 + position[:, None] * 13 + last[:, None] * 3) % 17  # exact
     wobble = hashed.astype(jnp.float32) / 32
-    return wobble + 3.0 * jax.nn.one_hot(token, TOKENIZER.vocab_size)
+    return wobble + self.boost * jax.nn.one_hot(token, TOKENIZER.vocab_size)
 
   def prefill(self, params, tokens, starts, max_length):
     buffer = jnp.pad(tokens, ((0, 0), (0, max_length - tokens.shape[1])))
@@ -377,3 +395,19 @@ def test_agent_tools_run_sql_on_the_rows_database_and_the_calculator_everywhere(
   assert tool_fn(1, calculate.replace('(71', "__import__('os').getcwd() + (71")).startswith('ERROR: only numbers')
   assert tool_fn(1, '{"tool_name": "calculator", "parameters": {"expr": "1"}}').startswith('ERROR: calculator needs')
   assert tool_fn(1, f'[{calculate}, {query}]') is None  # SQL has no database on this row: nothing runs
+
+
+def test_sampled_rollouts_do_not_depend_on_which_rows_share_a_round():
+  """Across tool turns at temperature 1 (scripts with tool calls, followed ≈ 80% of the time): every row
+  rolled out alone (its row id kept) equals the same row in the whole batch, token for token."""
+  decoder, prompts = ScriptedDecoder(boost=11.0), [_prompt(row) for row in SCRIPTS]
+  options = dict(rng=jax.random.key(1), max_new_tokens=80, max_tool_turns=2, max_tool_result_tokens=6,
+                 temperature=1.0, length_multiple=32)
+  whole = sampling.rollout(decoder, None, TOKENIZER, prompts, tool_fn=_tool([]), **options)
+  assert sum(len(r.actions) for r in whole) >= 2   # tool turns happened
+  for i, prompt in enumerate(prompts):
+    alone = sampling.rollout(decoder, None, TOKENIZER, [prompt], tool_fn=lambda _, action, i=i: _tool([])(i, action),
+                             row_ids=[i], **options)[0]
+    np.testing.assert_array_equal(alone.token_ids, whole[i].token_ids)
+    np.testing.assert_array_equal(alone.loss_mask, whole[i].loss_mask)
+    np.testing.assert_allclose(alone.logprobs, whole[i].logprobs, atol=1e-6)

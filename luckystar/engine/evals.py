@@ -119,9 +119,9 @@ def text_respond(fn: TextModel, tokenizer: Tokenizer) -> Respond:
 
 def model_respond(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, settings: Any) -> Respond:
   """A Respond over a luckystar model: rollouts with the tool loop (the calculator; NL2SQL rows run their
-  SQL in the sandbox), `settings.batch_size` at a time, within its max_new_tokens and tool limits; the
-  batch starting at example `start` is seeded by fold_in(key(seed), start). A progress bar ('eval <mode>')
-  counts the prompts on process 0."""
+  SQL in the sandbox), `settings.batch_size` at a time, within its max_new_tokens and tool limits; example
+  n is row n under key(seed) (`sampling`'s per-row draws: its tokens do not depend on the batch size). A
+  progress bar ('eval <mode>') counts the prompts on process 0."""
   def respond(examples, mode, temperature=0.0, seed=0):
     rollouts = []
     bar = tqdm.tqdm(total=len(examples), desc=f'eval {mode}' + (' sampled' if temperature > 0 else ''),
@@ -133,7 +133,7 @@ def model_respond(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, 
           model_config, params, tokenizer, rendered, tool_fn=rollouts_lib.task_tools(batch),
           max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
           max_new_tokens=settings.max_new_tokens, temperature=temperature,
-          rng=jax.random.fold_in(jax.random.key(seed), start))
+          rng=jax.random.key(seed), row_ids=range(start, start + len(batch)))
       bar.update(len(batch))
     bar.close()
     return rollouts

@@ -248,7 +248,9 @@ class Block(nn.Module):
     if cache is not None:
       attention, cache = attention
     mlp = Mlp(self.config, name='mlp')(h)
-    out = constrain(x + constrain(attention, whole) + constrain(mlp, whole), residual)
+    if cache is None:   # decoding's residual is whole already: one constraint on the sum, as before
+      attention, mlp = constrain(attention, whole), constrain(mlp, whole)
+    out = constrain(x + attention + mlp, residual)
     return out if cache is None else (out, cache)
 
 

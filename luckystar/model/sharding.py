@@ -4,9 +4,9 @@ Params carry `embed, vocab, heads, kv_heads, head_dim, mlp, layers`; activations
 carry `batch, length` plus the `act_*` names (an activation's hidden axis is not
 sharded like the weights' `embed` axis, which FSDP splits). `act_seq` is the sequence axis of the
 training residual stream between blocks, split over 'tensor' (Megatron-style sequence parallelism):
-each block gathers its input and reduce-scatters its output, the same traffic as the all-reduce a
-tensor-parallel block needs anyway, while the per-layer inputs kept for the backward pass shrink by
-the tensor size.
+each block gathers its normalised input and sums its branches whole (the all-reduces a tensor-parallel
+block needs anyway), then keeps only its slice of the sequence, so the per-layer inputs kept for the
+backward pass shrink by the tensor size (`cohere2.Block`).
 """
 
 import contextlib

@@ -18,7 +18,6 @@ import io
 import pathlib
 from typing import Iterable, Sequence
 
-
 from luckystar.tokenizer import codecs
 from luckystar.tokenizer import formats
 from luckystar.tokenizer.formats import AssistantTurn, ChatFormat  # noqa: F401  (the public names)

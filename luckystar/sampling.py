@@ -1,18 +1,19 @@
 """KV-cache sampler and the multi-turn tool rollout loop (DESIGN §4, §5).
 
-`sample` generates for a batch of prompts of different lengths in one jitted
-program: a prefill of the left-padded prompts, then a `lax.while_loop` of
-one-token decode steps that ends when every row has stopped. Each row stops on
-its own at a stop token or at its token budget; rows that stopped keep running
-in the batch (their outputs are masked), which keeps the program static.
+The decoder's state holds a fixed number of rows, each a sequence of its own length
+(`model.init_cache`: a cursor per row). Appending a right-padded chunk, row b taking
+lengths[b] of its tokens, serves every need: a prefill of prompts of different lengths,
+a decode step of the rows still running, a tool turn spliced into the rows that called
+a tool. `generate` is one jitted `lax.while_loop` of decode steps that ends when every
+row has stopped (a stop token or its budget), or once a given number has (so that their
+slots can be refilled); rows that stopped keep running in the batch (their outputs are
+masked), which keeps the program static. `sample` prefills prompts and generates once.
 
-`rollout` runs the agent loop on top: a row that stops at END_ACTION gets its
-tool called, the tool turn is spliced in, and every row that has a tool result
-resumes, all together, from a fresh prefill of its whole conversation so far
-(simple and exact; the prefill is cheap next to the decode steps). The layout
-of a tool round trip (`Tokenizer.tool_round_trip`) equals what `Tokenizer.render` produces
-for an assistant turn with an action followed by a tool turn and another
-assistant turn.
+`rollout` runs the agent loop on top, with continuous batching over fixed slots: a row
+that stops at END_ACTION gets its tool called, and its tool turn is appended to the
+cache it already has (`Tokenizer.tool_round_trip`, the layout `Tokenizer.render` gives an
+assistant turn with an action followed by a tool turn and another assistant turn); a row
+that ends hands its slot to the next waiting prompt.
 
 Randomness is per row: the token a row draws at column c of its continuation (tool turns included) uses
 the key fold_in(fold_in(rng, row id), c), row ids being global (`sample`'s and `rollout`'s `row_ids`,
@@ -25,6 +26,7 @@ greedy, a point mass), and `untruncated_logprobs`, log softmax(logits / T)
 (T = 1 for greedy), which is what RL losses recompute from the policy.
 """
 
+import collections
 import dataclasses
 import functools
 import json
@@ -62,31 +64,39 @@ class SamplingSettings:
 
 
 class Decoder(Protocol):
-  """What the sampler needs from a model: a hashable object (it is a static jit argument).
+  """What the sampler needs from a model: a hashable object (it is a static jit argument), whose state
+  holds `batch` rows, each a sequence of its own length (`model.init_cache`'s layout).
 
-  prefill: left-padded tokens [B, T] (row b starts at column starts[b]) → (logits [B, V] of
-    each row's last token, state able to hold max_length columns).
-  decode: tokens [B, 1], the next column of every row → (logits [B, V], state).
+  init: an empty state of `batch` rows able to hold max_length columns each.
+  extend: right-padded tokens [B, T], row b appending tokens[b, :lengths[b]] (0: the row is left as it
+    was) → (logits [B, V] of each row's last new token, junk where lengths is 0; state).
+  reset: rows [B] bool → the state with those rows emptied (they start new sequences).
   """
 
-  def prefill(self, params: Any, tokens: Array, starts: Array, max_length: int) -> tuple[Array, Any]:
+  def init(self, batch: int, max_length: int) -> Any:
     ...
 
-  def decode(self, params: Any, tokens: Array, state: Any) -> tuple[Array, Any]:
+  def extend(self, params: Any, tokens: Array, lengths: Array, state: Any) -> tuple[Array, Any]:
+    ...
+
+  def reset(self, state: Any, rows: Array) -> Any:
     ...
 
 
 @dataclasses.dataclass(frozen=True)
 class CachedDecoder:
-  """The luckystar model with its KV cache (model.prefill / model.decode)."""
+  """The luckystar model with its KV cache (`model.init_cache`, `model.decode`)."""
   config: model_lib.ModelConfig
 
-  def prefill(self, params, tokens, starts, max_length):
-    return model_lib.prefill(self.config, params, tokens, starts, max_length)
+  def init(self, batch, max_length):
+    return model_lib.init_cache(self.config, batch, max_length)
 
-  def decode(self, params, tokens, state):
-    logits, state = model_lib.decode(self.config, params, tokens, state)
-    return logits[:, -1], state
+  def extend(self, params, tokens, lengths, state):
+    logits, state = model_lib.decode(self.config, params, tokens, state, last_only=True, lengths=lengths)
+    return logits[:, 0], state
+
+  def reset(self, state, rows):
+    return {**state, 'index': jnp.where(rows, 0, state['index'])}
 
 
 def as_decoder(model: 'model_lib.ModelConfig | Decoder') -> Decoder:
@@ -154,24 +164,21 @@ def choose_tokens(logits: Array, keys: Array, settings: SamplingSettings) -> tup
   return tokens, chosen_logprobs(truncated, tokens), chosen_logprobs(scaled, tokens)
 
 
-@functools.partial(jax.jit, static_argnames=('decoder', 'max_new_tokens', 'settings'))
-def sample_padded(decoder: Decoder, params: Any, tokens: Array, starts: Array, budgets: Array, stop_ids: Array,
-                  rng: Array, row_ids: Array, offsets: Array, *, max_new_tokens: int,
-                  settings: SamplingSettings) -> SampleOutput:
-  """The jitted sampler on left-padded prompts.
+def generate(decoder: Decoder, params: Any, state: Any, logits: Array, budgets: Array, stop_ids: Array, rng: Array,
+             row_ids: Array, offsets: Array, exit_after: Array, *, max_new_tokens: int,
+             settings: SamplingSettings) -> tuple[SampleOutput, Any]:
+  """The decode loop, from logits [B, V] of each row's last token in `state`.
 
-  tokens [B, T] int32, row b's prompt in tokens[b, starts[b]:]; budgets [B] int32 <= max_new_tokens,
-  the most tokens row b may generate (0: none); stop_ids [S] int32 (-1 never matches); row_ids [B] and
-  offsets [B] int32: row b's global id and the continuation column its first new token takes (what its
-  draws are keyed by). Under `sharding.activate(mesh)` the batch axis is sharded over the mesh's
-  ('data', 'fsdp') axes.
+  budgets [B] int32 <= max_new_tokens, the most tokens row b may generate (0: none, the row is idle);
+  stop_ids [S] int32 (-1 never matches); row_ids [B] and offsets [B] int32: row b's global id and the
+  continuation column its first new token takes (what its draws are keyed by). Ends when every row has
+  stopped, or once `exit_after` rows have stopped (the caller then has slots to refill). A row's last
+  sampled token is never in the returned state (a stopped row's stop token included): whoever continues
+  the row feeds it first.
   """
-  batch = tokens.shape[0]
-  tokens = constrain(tokens.astype(jnp.int32), ('batch', 'length'))
+  batch = logits.shape[0]
   budgets = constrain(budgets.astype(jnp.int32), ('batch',))
   row_ids, offsets = (constrain(x.astype(jnp.int32), ('batch',)) for x in (row_ids, offsets))
-  logits, state = decoder.prefill(params, tokens, constrain(starts.astype(jnp.int32), ('batch',)),
-                                  tokens.shape[1] + max_new_tokens)
 
   def record(carry, logits):
     """Samples column `step` from logits and writes it for the rows still running."""
@@ -189,22 +196,54 @@ def sample_padded(decoder: Decoder, params: Any, tokens: Array, starts: Array, b
             'untruncated': write(carry['untruncated'], untruncated)}
 
   zeros = lambda dtype: constrain(jnp.zeros((batch, max_new_tokens), dtype), ('batch', 'length'))
+  idle = budgets <= 0
   carry = {'step': jnp.zeros((), jnp.int32), 'last': jnp.zeros((batch,), jnp.int32), 'state': state,
-           'lengths': jnp.zeros((batch,), jnp.int32), 'finished': jnp.zeros((batch,), bool), 'done': budgets <= 0,
+           'lengths': jnp.zeros((batch,), jnp.int32), 'finished': jnp.zeros((batch,), bool), 'done': idle,
            'tokens': zeros(jnp.int32), 'logprobs': zeros(jnp.float32), 'untruncated': zeros(jnp.float32)}
   carry = record(carry, logits)
 
   def keep_going(carry):
-    return (carry['step'] < max_new_tokens) & ~jnp.all(carry['done'])
+    stopped = jnp.sum(carry['done'] & ~idle)
+    return (carry['step'] < max_new_tokens) & ~jnp.all(carry['done']) & (stopped < exit_after)
 
-  def step(carry):
-    logits, state = decoder.decode(params, carry['last'][:, None], carry['state'])
+  def step(carry):  # only the rows still running take their token in
+    logits, state = decoder.extend(params, carry['last'][:, None], (~carry['done']).astype(jnp.int32), carry['state'])
     return record({**carry, 'state': state}, logits)
 
   carry = jax.lax.while_loop(keep_going, step, carry)
-  return SampleOutput(tokens=carry['tokens'], logprobs=carry['logprobs'], untruncated_logprobs=carry['untruncated'],
-                      lengths=carry['lengths'], finished=carry['finished'],
-                      overlong=~carry['finished'] & (carry['lengths'] >= budgets))
+  out = SampleOutput(tokens=carry['tokens'], logprobs=carry['logprobs'], untruncated_logprobs=carry['untruncated'],
+                     lengths=carry['lengths'], finished=carry['finished'],
+                     overlong=~carry['finished'] & (carry['lengths'] >= budgets) & ~idle)
+  return out, carry['state']
+
+
+@functools.partial(jax.jit, static_argnames=('decoder', 'max_new_tokens', 'settings'))
+def sample_padded(decoder: Decoder, params: Any, tokens: Array, lengths: Array, budgets: Array, stop_ids: Array,
+                  rng: Array, row_ids: Array, offsets: Array, *, max_new_tokens: int,
+                  settings: SamplingSettings) -> SampleOutput:
+  """The jitted sampler on right-padded prompts: row b's prompt is tokens[b, :lengths[b]]; the rest as
+  `generate`, which runs until every row has stopped. Under `sharding.activate(mesh)` the batch axis is
+  sharded over the mesh's ('data', 'fsdp') axes."""
+  tokens = constrain(tokens.astype(jnp.int32), ('batch', 'length'))
+  state = decoder.init(tokens.shape[0], tokens.shape[1] + max_new_tokens)
+  logits, state = decoder.extend(params, tokens, constrain(lengths.astype(jnp.int32), ('batch',)), state)
+  return generate(decoder, params, state, logits, budgets, stop_ids, rng, row_ids, offsets,
+                  jnp.int32(tokens.shape[0] + 1), max_new_tokens=max_new_tokens, settings=settings)[0]
+
+
+@functools.partial(jax.jit, static_argnames=('decoder', 'batch', 'max_length'))
+def _init_state(decoder: Decoder, *, batch: int, max_length: int) -> Any:
+  return decoder.init(batch, max_length)
+
+
+@functools.partial(jax.jit, static_argnames=('decoder',), donate_argnames=('state',))
+def _extend(decoder: Decoder, params: Any, state: Any, tokens: Array, lengths: Array, reset: Array
+            ) -> tuple[Array, Any]:
+  """Empties the `reset` rows, then appends row b's tokens[b, :lengths[b]]: (logits [B, V], state)."""
+  return decoder.extend(params, tokens, lengths, decoder.reset(state, reset))
+
+
+_generate = jax.jit(generate, static_argnames=('decoder', 'max_new_tokens', 'settings'), donate_argnames=('state',))
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -216,15 +255,14 @@ def _bucket(value: int, multiple: int) -> int:
   return max(multiple, _round_up(value, multiple))
 
 
-def left_pad(prompts: Sequence[Sequence[int]], length_multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
-  """Prompts → (tokens [B, T] int32 left-padded with PAD_ID, starts [B]); T is a multiple of length_multiple."""
-  if not prompts or any(len(p) == 0 for p in prompts):
-    raise ValueError('every prompt needs at least one token (render it with add_generation_prompt=True)')
-  length = _round_up(max(map(len, prompts)), length_multiple)
-  tokens = np.full((len(prompts), length), PAD_ID, np.int32)
-  for row, prompt in enumerate(prompts):
-    tokens[row, length - len(prompt):] = prompt
-  return tokens, np.array([length - len(p) for p in prompts], np.int32)
+def right_pad(chunks: Sequence[Sequence[int]], length_multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
+  """Token lists → (tokens [B, T] int32 right-padded with PAD_ID, lengths [B]); T is a positive multiple of
+  length_multiple."""
+  width = _bucket(max(map(len, chunks), default=0), length_multiple)
+  tokens = np.full((len(chunks), width), PAD_ID, np.int32)
+  for row, chunk in enumerate(chunks):
+    tokens[row, :len(chunk)] = chunk
+  return tokens, np.array([len(c) for c in chunks], np.int32)
 
 
 def sample(model: 'model_lib.ModelConfig | Decoder', params: Any, prompts: Sequence[Sequence[int]], *,
@@ -246,9 +284,11 @@ def sample(model: 'model_lib.ModelConfig | Decoder', params: Any, prompts: Seque
   budgets = np.full(len(prompts), max_new_tokens, np.int32) if budgets is None else np.asarray(budgets, np.int32)
   if budgets.shape != (len(prompts),) or budgets.max(initial=0) > max_new_tokens:
     raise ValueError(f'budgets must be {len(prompts)} ints <= max_new_tokens={max_new_tokens}, got {budgets}')
+  if not prompts or any(len(p) == 0 for p in prompts):
+    raise ValueError('every prompt needs at least one token (render it with add_generation_prompt=True)')
   rows = len(prompts)
   padding = -rows % _batch_devices()
-  tokens, starts = left_pad([*prompts, *[prompts[0]] * padding], length_multiple)
+  tokens, lengths = right_pad([*prompts, *[prompts[0]] * padding], length_multiple)
   budgets = np.concatenate([budgets, np.zeros(padding, np.int32)])
 
   def per_row(name, values, default):  # then zeros for the padding rows (budget 0: they never draw)
@@ -259,12 +299,16 @@ def sample(model: 'model_lib.ModelConfig | Decoder', params: Any, prompts: Seque
 
   row_ids = per_row('row_ids', row_ids, np.arange(rows, dtype=np.int32))
   offsets = per_row('offsets', offsets, np.zeros(rows, np.int32))
-  stops = np.full(_bucket(len(stop_ids), 4), -1, np.int32)  # a few sizes, so stop sets share programs
-  stops[:len(stop_ids)] = stop_ids
   settings = SamplingSettings(float(temperature), int(top_k), float(top_p))
-  out = sample_padded(as_decoder(model), params, tokens, starts, budgets, stops, rng, row_ids, offsets,
+  out = sample_padded(as_decoder(model), params, tokens, lengths, budgets, _stop_array(stop_ids), rng, row_ids, offsets,
                       max_new_tokens=int(max_new_tokens), settings=settings)
   return out if not padding else jax.tree.map(lambda x: x[:rows], out)
+
+
+def _stop_array(stop_ids: Sequence[int]) -> np.ndarray:
+  stops = np.full(_bucket(len(stop_ids), 4), -1, np.int32)  # a few sizes, so stop sets share programs
+  stops[:len(stop_ids)] = stop_ids
+  return stops
 
 
 def _batch_devices() -> int:
@@ -326,81 +370,126 @@ class _Row:
 def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: tokenizer_lib.Tokenizer,
             prompts: Sequence[Sequence[int]], *, rng: Array, max_new_tokens: int, tool_fn: ToolFn | None = None,
             max_tool_turns: int = 4, max_tool_result_tokens: int = 512, temperature: float = 1.0, top_k: int = 0,
-            top_p: float = 1.0, length_multiple: int = 64, row_ids: Sequence[int] | None = None) -> list[Rollout]:
+            top_p: float = 1.0, length_multiple: int = 64, row_ids: Sequence[int] | None = None,
+            slots: int | None = None) -> list[Rollout]:
   """Generates each prompt's continuation, running tools between turns.
 
   prompts: rendered with add_generation_prompt=True. A row that stops at END_ACTION gets
   `tool_fn(row_index, action_text)`: a string is the tool result, spliced in as `Tokenizer.tool_round_trip`
   (cut to max_tool_result_tokens tokens) before generation resumes; None, or no tool_fn, ends
   the row. max_new_tokens bounds the whole continuation, spliced tool turns included, so a
-  sequence never exceeds prompt + max_new_tokens. Rows that resume are batched together; shapes
-  are rounded up to length_multiple (and the batch to a power of two) to reuse compiled programs.
+  sequence never exceeds prompt + max_new_tokens.
+
+  Continuous batching: the rows run in `slots` decode slots (default one per row; rounded up to a power
+  of two), each with its own KV cache. A row keeps its slot across its tool turns, so resuming appends
+  only its spliced tool turn; a row that ends hands its slot to the next waiting prompt. The decode loop
+  returns to the host once a quarter of the busy slots have stopped (to run their tools or refill them)
+  or, with nothing to refill and no tools, once all have. Shapes are fixed for the call (slots, cache of
+  the longest prompt + max_new_tokens rounded up to length_multiple; appended chunks a power of two up
+  to length_multiple, then its multiples), so a run reuses a few compiled programs.
   row_ids: each prompt's global id (default its index), which with its continuation column keys its draws:
-  a row samples the same tokens whichever rows it shares a round with.
+  a row samples the same tokens whatever slot, batch or round it runs in.
   """
-  settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-  stop_ids = tokenizer.stop_ids
+  if not prompts:
+    return []
+  if any(len(p) == 0 for p in prompts):
+    raise ValueError('every prompt needs at least one token (render it with add_generation_prompt=True)')
+  decoder = as_decoder(model)
+  settings = SamplingSettings(float(temperature), int(top_k), float(top_p))
   rows = [_Row(prompt=list(p)) for p in prompts]
-  row_ids = list(range(len(rows))) if row_ids is None else [int(i) for i in row_ids]
-  active = list(range(len(rows)))
-  for round_index in range(max_tool_turns + 1):
-    if not active:
+  ids = np.arange(len(rows), dtype=np.int32) if row_ids is None else np.asarray(list(row_ids), np.int32)
+  if ids.shape != (len(rows),):
+    raise ValueError(f'row_ids must hold {len(rows)} ints, one per prompt, got shape {ids.shape}')
+  count = 1 << (min(slots or len(rows), len(rows)) - 1).bit_length()
+  count = _round_up(count, _batch_devices())
+  width = _bucket(max_new_tokens, length_multiple)
+  state = _init_state(decoder, batch=count, max_length=_bucket(max(map(len, prompts)) + width, length_multiple))
+  stops = _stop_array(tokenizer.stop_ids)
+  occupant: list[int | None] = [None] * count   # the row each slot runs
+  feed: list[list[int]] = [[] for _ in range(count)]   # what a slot appends before it decodes again
+  pending = collections.deque(range(len(rows)))
+  while True:
+    fresh = np.zeros(count, bool)
+    for slot in range(count):
+      if occupant[slot] is None and pending:
+        occupant[slot] = pending.popleft()
+        feed[slot], fresh[slot] = rows[occupant[slot]].prompt, True
+    busy = [slot for slot in range(count) if occupant[slot] is not None]
+    if not busy:
       break
-    budgets = [max_new_tokens - len(rows[i].ids) for i in active]
-    inputs = [rows[i].prompt + rows[i].ids for i in active]
-    batch = 1 << (len(active) - 1).bit_length()  # filler rows have budget 0: they generate nothing
-    filler = batch - len(active)
-    out = jax.device_get(sample(
-        model, params, inputs + [inputs[0]] * filler, rng=rng, max_new_tokens=_bucket(max(budgets), length_multiple),
-        stop_ids=stop_ids, budgets=budgets + [0] * filler, length_multiple=length_multiple,
-        row_ids=[row_ids[i] for i in active] + [0] * filler, offsets=[len(rows[i].ids) for i in active] + [0] * filler,
-        **settings))
-    resuming = []
-    for slot, i in enumerate(active):
-      row, length = rows[i], int(out.lengths[slot])
-      row.ids += out.tokens[slot, :length].tolist()
-      row.mask += [1] * length
-      row.logprobs += out.logprobs[slot, :length].tolist()
-      row.untruncated += out.untruncated_logprobs[slot, :length].tolist()
-      if out.overlong[slot]:
-        row.stop_reason = 'overlong'
-      elif row.ids[-1] == tokenizer.end_of_turn_id:
-        row.stop_reason = 'end_of_turn'
-      else:  # stopped at END_ACTION
-        turn = tokenizer.parse_assistant(row.ids[row.turn_start:])
-        row.actions.append(turn.action or '')
-        if round_index == max_tool_turns:
-          row.stop_reason = 'tool_limit'
-          continue
-        result = tool_fn(i, row.actions[-1]) if tool_fn is not None else None
-        if result is None:
-          row.stop_reason = 'action'
-          continue
-        body, text = tokenizer.tool_result_ids(result, max_tool_result_tokens)
-        row.tool_results.append(text)
-        splice = tokenizer.tool_round_trip(body)
-        if len(row.ids) + len(splice) >= max_new_tokens:  # no room left to answer
-          splice = splice[:max_new_tokens - len(row.ids)]
-          row.stop_reason = 'overlong'
-        row.ids += splice
-        row.mask += [0] * len(splice)
-        row.logprobs += [0.0] * len(splice)
-        row.untruncated += [0.0] * len(splice)
-        row.thinking += [turn.thinking] if turn.thinking is not None else []
-        row.turn_start = len(row.ids)
-        if row.stop_reason is None:
-          resuming.append(i)
-    active = resuming
-  results = []
-  for r in rows:
-    final_turn = tokenizer.parse_assistant(r.ids[r.turn_start:])
-    thinking = r.thinking + ([final_turn.thinking] if final_turn.thinking is not None else [])
-    results.append(Rollout(
-        token_ids=np.array(r.ids, np.int32), loss_mask=np.array(r.mask, np.int32),
-        logprobs=np.array(r.logprobs, np.float32), untruncated_logprobs=np.array(r.untruncated, np.float32),
-        actions=r.actions, final_turn=final_turn, stop_reason=r.stop_reason or 'overlong',
-        thinking='\n'.join(thinking) if thinking else None, tool_results=r.tool_results))
-  return results
+    tokens, lengths = right_pad(feed, 1)
+    chunk = _bucket(tokens.shape[1], length_multiple) if tokens.shape[1] > length_multiple else (
+        1 << (tokens.shape[1] - 1).bit_length())
+    tokens = np.pad(tokens, ((0, 0), (0, chunk - tokens.shape[1])))
+    logits, state = _extend(decoder, params, state, tokens, lengths, fresh)
+    per_slot = lambda f: np.array([f(rows[occupant[s]]) if occupant[s] is not None else 0 for s in range(count)],
+                                  np.int32)
+    exit_after = max(1, len(busy) // 4) if pending or tool_fn is not None else len(busy)
+    out, state = _generate(decoder, params, state, logits, per_slot(lambda r: max_new_tokens - len(r.ids)), stops,
+                           rng, np.array([ids[i] if i is not None else 0 for i in occupant], np.int32),
+                           per_slot(lambda r: len(r.ids)), np.int32(exit_after), max_new_tokens=width,
+                           settings=settings)
+    out = jax.device_get(out)
+    for slot in busy:
+      i = occupant[slot]
+      feed[slot] = _take_turn(rows[i], i, out, slot, tokenizer, tool_fn, max_new_tokens, max_tool_turns,
+                              max_tool_result_tokens)
+      if rows[i].stop_reason is not None:
+        occupant[slot], feed[slot] = None, []
+  return [_finish(r, tokenizer) for r in rows]
+
+
+def _take_turn(row: _Row, index: int, out: SampleOutput, slot: int, tokenizer: tokenizer_lib.Tokenizer,
+               tool_fn: ToolFn | None, max_new_tokens: int, max_tool_turns: int, max_tool_result_tokens: int
+               ) -> list[int]:
+  """Appends what slot `slot` generated for row `index` and runs its tool if it called one; returns the
+  tokens its slot appends before it decodes again (its last token, then any spliced tool turn), or sets
+  row.stop_reason when the row is done."""
+  length = int(out.lengths[slot])
+  row.ids += out.tokens[slot, :length].tolist()
+  row.mask += [1] * length
+  row.logprobs += out.logprobs[slot, :length].tolist()
+  row.untruncated += out.untruncated_logprobs[slot, :length].tolist()
+  if out.overlong[slot]:
+    row.stop_reason = 'overlong'
+    return []
+  if not out.finished[slot]:   # the loop returned while it ran: it goes on from its last token
+    return row.ids[-1:]
+  if row.ids[-1] == tokenizer.end_of_turn_id:
+    row.stop_reason = 'end_of_turn'
+    return []
+  turn = tokenizer.parse_assistant(row.ids[row.turn_start:])   # stopped at END_ACTION
+  row.actions.append(turn.action or '')
+  if len(row.tool_results) == max_tool_turns:
+    row.stop_reason = 'tool_limit'
+    return []
+  result = tool_fn(index, row.actions[-1]) if tool_fn is not None else None
+  if result is None:
+    row.stop_reason = 'action'
+    return []
+  body, text = tokenizer.tool_result_ids(result, max_tool_result_tokens)
+  row.tool_results.append(text)
+  splice = tokenizer.tool_round_trip(body)
+  if len(row.ids) + len(splice) >= max_new_tokens:  # no room left to answer
+    splice = splice[:max_new_tokens - len(row.ids)]
+    row.stop_reason = 'overlong'
+  row.ids += splice
+  row.mask += [0] * len(splice)
+  row.logprobs += [0.0] * len(splice)
+  row.untruncated += [0.0] * len(splice)
+  row.thinking += [turn.thinking] if turn.thinking is not None else []
+  row.turn_start = len(row.ids)
+  return row.ids[-len(splice) - 1:]
+
+
+def _finish(row: _Row, tokenizer: tokenizer_lib.Tokenizer) -> Rollout:
+  final_turn = tokenizer.parse_assistant(row.ids[row.turn_start:])
+  thinking = row.thinking + ([final_turn.thinking] if final_turn.thinking is not None else [])
+  return Rollout(
+      token_ids=np.array(row.ids, np.int32), loss_mask=np.array(row.mask, np.int32),
+      logprobs=np.array(row.logprobs, np.float32), untruncated_logprobs=np.array(row.untruncated, np.float32),
+      actions=row.actions, final_turn=final_turn, stop_reason=row.stop_reason or 'overlong',
+      thinking='\n'.join(thinking) if thinking else None, tool_results=row.tool_results)
 
 
 def agent_tools(db_paths: Sequence[str | None], *, timeout_s: float = 2.0, max_chars: int = 2_000) -> ToolFn:

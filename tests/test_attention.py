@@ -187,16 +187,16 @@ def test_per_layer_remat_gives_the_gradients_of_no_remat(policy):
 
 
 @pytest.mark.fast
-def test_left_padded_decoding_equals_the_blockwise_forward():
-  """Decoding keeps its cache attention; a left-padded prefill and decode with the blockwise model give the
+def test_cached_decoding_equals_the_blockwise_forward():
+  """Decoding keeps its cache attention; a right-padded prefill and decode with the blockwise model give the
   logits of its unpadded forward pass."""
   config = _config(attention_impl='blockwise', attention_block=4)
   params = model.init(config, jax.random.key(2))
   rng = np.random.default_rng(4)
   prompts = [rng.integers(1, 256, n).tolist() for n in (3, 9, 14)]
   extra = rng.integers(1, 256, (len(prompts), 3))
-  tokens, starts = sampling.left_pad(prompts)
-  last, cache = jax.jit(model.prefill, static_argnums=(0, 4))(config, params, tokens, starts, tokens.shape[1] + 3)
+  tokens, lengths = sampling.right_pad(prompts)
+  last, cache = jax.jit(model.prefill, static_argnums=(0, 4))(config, params, tokens, lengths, tokens.shape[1] + 3)
   chunk, _ = jax.jit(model.decode, static_argnums=0)(config, params, extra, cache)
   full = np.zeros((len(prompts), 17), np.int32)
   for b, p in enumerate(prompts):

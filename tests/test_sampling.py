@@ -1,6 +1,7 @@
 """KV cache, sampler and tool rollout loop: each checked against the full forward pass or the chat template."""
 
 import dataclasses
+import hashlib
 
 import jax
 import jax.numpy as jnp
@@ -61,14 +62,14 @@ def _token_logprobs(logits, tokens):
 
 
 def test_prefill_and_chunked_decode_equal_the_full_forward(params, prompts):
-  """A left-padded prefill, then a chunk of 3 new tokens, give the logits of the unpadded forward pass.
+  """A right-padded prefill, then a chunk of 3 new tokens, give the logits of the unpadded forward pass.
   (Single-token decode steps are checked through the sampler below.)"""
   extra = np.random.default_rng(1).integers(1, VOCAB, (len(prompts), 3))
-  tokens, starts = sampling.left_pad(prompts)
+  tokens, lengths = sampling.right_pad(prompts)
   max_length = tokens.shape[1] + 3
-  last, cache = jax.jit(model.prefill, static_argnums=(0, 4))(CONFIG, params, tokens, starts, max_length)
+  last, cache = jax.jit(model.prefill, static_argnums=(0, 4))(CONFIG, params, tokens, lengths, max_length)
   chunk, cache = jax.jit(model.decode, static_argnums=0)(CONFIG, params, extra, cache)
-  assert int(cache['index']) == max_length
+  np.testing.assert_array_equal(cache['index'], lengths + 3)
   full = np.zeros((len(prompts), max(PROMPT_LENGTHS) + 3), np.int32)
   for b, p in enumerate(prompts):
     full[b, :len(p) + 3] = p + extra[b].tolist()
@@ -180,7 +181,7 @@ def test_sharded_sampling_gives_the_same_greedy_tokens():
   np.testing.assert_array_equal(
       tokens, np.stack([logits[b, len(p) - 1:len(p) - 1 + NEW_TOKENS].argmax(-1) for b, p in enumerate(batch)]))
   cache_shardings = model.cache_shardings(config, mesh)
-  empty_cache = jax.eval_shape(lambda: model.init_cache(config, np.zeros(8, np.int32), 16))
+  empty_cache = jax.eval_shape(lambda: model.init_cache(config, 8, 16))
   assert jax.tree.structure(cache_shardings) == jax.tree.structure(empty_cache)
   assert cache_shardings['layers']['layer_2']['k'].spec == jax.sharding.PartitionSpec(
       None, ('data', 'fsdp'), 'tensor', None, None)  # batch over data x fsdp, kv heads over tensor
@@ -233,33 +234,35 @@ class ScriptedDecoder:
     kind_of[list(markers)] = list(markers.values())
     return jnp.asarray(table), jnp.asarray(kind_of)
 
-  def logits(self, buffer, index, starts):
-    """buffer [B, L] with columns starts[b] <= c < index filled → next-token logits [B, V]."""
+  def logits(self, buffer, index):
+    """buffer [B, L] with columns c < index[b] filled → next-token logits [B, V]."""
     table, kind_of = self.table()
     columns = jnp.arange(buffer.shape[1])
-    filled = (columns < index) & (columns >= starts[:, None])
+    filled = columns < index[:, None]
     user = jnp.argmax((buffer == SPECIAL['<|USER|>']) & filled, axis=1)
     kind = kind_of[jnp.take_along_axis(buffer, user[:, None] + 1, axis=1)[:, 0]]
     turn = jnp.minimum(jnp.sum((buffer == SPECIAL['<|TOOL|>']) & filled, axis=1), self.max_turns - 1)
     header = jnp.max(jnp.where((buffer == SPECIAL['<|ASSISTANT|>']) & filled, columns, -1), axis=1)
     step = jnp.minimum(index - header - 1, self.max_steps - 1)
     token = table[kind, turn, step]
-    position = index - starts
-    last = jnp.take_along_axis(buffer, jnp.full_like(starts, index - 1)[:, None], axis=1)[:, 0]
-    hashed = (jnp.arange(TOKENIZER.vocab_size) * 7 + position[:, None] * 13 + last[:, None] * 3) % 17  # exact
+    last = jnp.take_along_axis(buffer, jnp.maximum(index - 1, 0)[:, None], axis=1)[:, 0]
+    hashed = (jnp.arange(TOKENIZER.vocab_size) * 7 + index[:, None] * 13 + last[:, None] * 3) % 17  # exact
     wobble = hashed.astype(jnp.float32) / 32
     return wobble + self.boost * jax.nn.one_hot(token, TOKENIZER.vocab_size)
 
-  def prefill(self, params, tokens, starts, max_length):
-    buffer = jnp.pad(tokens, ((0, 0), (0, max_length - tokens.shape[1])))
-    state = (buffer, jnp.int32(tokens.shape[1]), starts)
+  def init(self, batch, max_length):
+    return jnp.zeros((batch, max_length), jnp.int32), jnp.zeros((batch,), jnp.int32)
+
+  def extend(self, params, tokens, lengths, state):
+    buffer, index = state
+    offset = jnp.arange(buffer.shape[1]) - index[:, None]
+    written = (offset >= 0) & (offset < lengths[:, None])
+    chunk = jnp.take_along_axis(tokens.astype(buffer.dtype), jnp.clip(offset, 0, tokens.shape[1] - 1), axis=1)
+    state = (jnp.where(written, chunk, buffer), index + lengths)
     return self.logits(*state), state
 
-  def decode(self, params, tokens, state):
-    buffer, index, starts = state
-    buffer = jax.lax.dynamic_update_slice_in_dim(buffer, tokens.astype(buffer.dtype), index, axis=1)
-    state = (buffer, index + 1, starts)
-    return self.logits(*state), state
+  def reset(self, state, rows):
+    return state[0], jnp.where(rows, 0, state[1])
 
 
 def _prompt(row):
@@ -351,7 +354,7 @@ def test_rollout_logprobs_align_with_the_tokens(rollouts):
 
   @jax.jit
   def teacher_forced(buffers, indices):
-    one = lambda buffer, index: decoder.logits(buffer[None], index, jnp.zeros((1,), jnp.int32))[0]
+    one = lambda buffer, index: decoder.logits(buffer[None], index[None])[0]
     return jax.nn.log_softmax(jax.vmap(one)(buffers, indices))
 
   for row, r in zip(SCRIPTS, out):
@@ -397,17 +400,72 @@ def test_agent_tools_run_sql_on_the_rows_database_and_the_calculator_everywhere(
   assert tool_fn(1, f'[{calculate}, {query}]') is None  # SQL has no database on this row: nothing runs
 
 
-def test_sampled_rollouts_do_not_depend_on_which_rows_share_a_round():
+# sha256 of each row's tokens as the previous rollout path drew them (every resuming row prefilled anew
+# each round, one batch for all rows), before slots kept their caches across tool turns.
+PREVIOUS_PATH_TOKENS = ['82b8abae56faa05a', 'b4c9d0d38777c265', '2158163ff3810c9d', '99b91a585aa8ac55',
+                        '80ecc1feb6da338a']
+
+
+def test_sampled_rollouts_do_not_depend_on_slots_or_which_rows_share_a_round():
   """Across tool turns at temperature 1 (scripts with tool calls, followed ≈ 80% of the time): every row
-  rolled out alone (its row id kept) equals the same row in the whole batch, token for token."""
+  rolled out alone (its row id kept), or with fewer slots than rows (slots refilled as rows end), equals
+  the same row in the whole batch token for token, and the previous rollout path's tokens."""
   decoder, prompts = ScriptedDecoder(boost=11.0), [_prompt(row) for row in SCRIPTS]
   options = dict(rng=jax.random.key(1), max_new_tokens=80, max_tool_turns=2, max_tool_result_tokens=6,
                  temperature=1.0, length_multiple=32)
   whole = sampling.rollout(decoder, None, TOKENIZER, prompts, tool_fn=_tool([]), **options)
-  assert sum(len(r.actions) for r in whole) >= 2   # tool turns happened
-  for i, prompt in enumerate(prompts):
-    alone = sampling.rollout(decoder, None, TOKENIZER, [prompt], tool_fn=lambda _, action, i=i: _tool([])(i, action),
-                             row_ids=[i], **options)[0]
-    np.testing.assert_array_equal(alone.token_ids, whole[i].token_ids)
-    np.testing.assert_array_equal(alone.loss_mask, whole[i].loss_mask)
-    np.testing.assert_allclose(alone.logprobs, whole[i].logprobs, atol=1e-6)
+  assert [len(r.actions) for r in whole] == [1, 0, 1, 3, 0]   # tool turns happened, unevenly
+  assert [hashlib.sha256(r.token_ids.tobytes()).hexdigest()[:16] for r in whole] == PREVIOUS_PATH_TOKENS
+  alone = [sampling.rollout(decoder, None, TOKENIZER, [prompt], tool_fn=lambda _, action, i=i: _tool([])(i, action),
+                            row_ids=[i], **options)[0] for i, prompt in enumerate(prompts)]
+  for slots in (1, 2):
+    few = sampling.rollout(decoder, None, TOKENIZER, prompts, tool_fn=_tool([]), slots=slots, **options)
+    for got in (alone, few):
+      for a, b in zip(got, whole):
+        np.testing.assert_array_equal(a.token_ids, b.token_ids)
+        np.testing.assert_array_equal(a.loss_mask, b.loss_mask)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6)
+        assert (a.stop_reason, a.actions) == (b.stop_reason, b.actions)
+
+
+@dataclasses.dataclass(frozen=True)
+class Nudged:
+  """The cached model with END_ACTION's logit raised, so that a random model calls tools."""
+  inner: sampling.CachedDecoder
+  bias: float = 7.0
+
+  def init(self, batch, max_length):
+    return self.inner.init(batch, max_length)
+
+  def extend(self, params, tokens, lengths, state):
+    logits, state = self.inner.extend(params, tokens, lengths, state)
+    return logits.at[:, END_ACT].add(self.bias), state
+
+  def reset(self, state, rows):
+    return self.inner.reset(state, rows)
+
+
+def test_rollouts_keep_their_cache_across_tool_turns_and_slots():
+  """A real model whose rows call tools (results of different lengths) in 2 slots for 6 rows: each row's
+  log-probs equal the full forward pass over its whole conversation (its cache holds exactly the prompt,
+  its turns and the spliced tool turns, wherever its slot was refilled), and its tokens equal a run with a
+  slot per row."""
+  config = CONFIG.replace(vocab_size=TOKENIZER.vocab_size)
+  params = model.init(config, jax.random.key(5))
+  decoder = Nudged(sampling.CachedDecoder(config))
+  rng = np.random.default_rng(5)
+  prompts = [rng.integers(16, 8000, n).tolist() for n in (3, 9, 2, 14, 6, 5)]
+  tool_fn = lambda row, action: 'x ' * (row + 1)
+  options = dict(rng=jax.random.key(2), max_new_tokens=40, tool_fn=tool_fn, max_tool_turns=2, temperature=1.0,
+                 length_multiple=16)
+  few = sampling.rollout(decoder, params, TOKENIZER, prompts, slots=2, **options)
+  assert sum(len(r.tool_results) for r in few) >= 4 and len({len(r.token_ids) for r in few}) > 2
+  for a, b in zip(few, sampling.rollout(decoder, params, TOKENIZER, prompts, **options)):
+    np.testing.assert_array_equal(a.token_ids, b.token_ids)
+  for prompt, r in zip(prompts, few):
+    sequence = np.array(prompt + r.token_ids.tolist())
+    logits = np.array(apply(config, params, sequence[None]))[0]
+    logits[:, END_ACT] += decoder.bias
+    generated = np.flatnonzero(r.loss_mask) + len(prompt)
+    want = _token_logprobs(logits[generated - 1], sequence[generated])
+    np.testing.assert_allclose(r.untruncated_logprobs[r.loss_mask == 1], want, atol=2e-4)

@@ -79,7 +79,7 @@ def decode_step_flops(config: model_lib.ModelConfig, batch: int, first_length: i
 def ours_breakdown(ours, prompts: np.ndarray, new_tokens: int, repeats: int) -> dict[str, float]:
   """Seconds of our prefill and of one decode step (the mean of a chain as long as a run's)."""
   config, params = ours.config, ours.params
-  tokens, starts = (jnp.asarray(a) for a in sampling.left_pad(prompts.tolist()))
+  tokens, lengths = (jnp.asarray(a) for a in sampling.right_pad(prompts.tolist()))
   max_length = tokens.shape[1] + new_tokens
   prefill = jax.jit(model_lib.prefill, static_argnums=(0, 4))
   decode = jax.jit(model_lib.decode, static_argnums=0, donate_argnums=3)  # in place, as in the while_loop
@@ -91,10 +91,10 @@ def ours_breakdown(ours, prompts: np.ndarray, new_tokens: int, repeats: int) -> 
       logits, cache = decode(config, params, next_tokens, cache)
     jax.block_until_ready(logits)
 
-  jax.block_until_ready(prefill(config, params, tokens, starts, max_length))  # compiles
-  decode_chain(prefill(config, params, tokens, starts, max_length)[1])     # compiles
-  caches = [jax.block_until_ready(prefill(config, params, tokens, starts, max_length)[1]) for _ in range(repeats)]
-  return {'prefill': best_seconds(lambda: jax.block_until_ready(prefill(config, params, tokens, starts, max_length)),
+  jax.block_until_ready(prefill(config, params, tokens, lengths, max_length))  # compiles
+  decode_chain(prefill(config, params, tokens, lengths, max_length)[1])     # compiles
+  caches = [jax.block_until_ready(prefill(config, params, tokens, lengths, max_length)[1]) for _ in range(repeats)]
+  return {'prefill': best_seconds(lambda: jax.block_until_ready(prefill(config, params, tokens, lengths, max_length)),
                                   repeats),
           'decode step': best_seconds(lambda: decode_chain(caches.pop()), repeats) / steps}
 

@@ -66,29 +66,29 @@ def apply(config: ModelConfig, params: Any, tokens: jax.Array, positions: jax.Ar
 # ---- KV-cache decoding (the layout is described in model/cohere2.py's docstring) ----
 
 
-def init_cache(config: ModelConfig, starts: jax.Array, max_length: int) -> dict[str, Any]:
-  """An empty cache for rows left-padded by `starts` [B] columns, holding up to `max_length` columns.
+def init_cache(config: ModelConfig, batch: int, max_length: int) -> dict[str, Any]:
+  """An empty cache of `batch` rows holding up to `max_length` columns each.
 
-  {'index': int32 [] next column to write, 'starts': int32 [B] first real column of each row,
+  {'index': int32 [B] the next column each row writes (0: empty),
    'layers': {'layer_i': {'k', 'v': [groups, B, kv_heads, slots, head_dim]}}} in the compute dtype;
   slots = max_length for full layers, min(sliding_window, max_length) for sliding ones.
   Writing past max_length silently overwrites full layers' oldest columns: size it for prompt + new tokens.
+  A row starts a new sequence when its index is set back to 0 (what it held is then never attended to).
   """
-  starts = jnp.asarray(starts, jnp.int32)
   groups, period = config.num_layers // config.layer_period, config.layer_period
   layers = {}
   for i, layer_type in enumerate(config.layer_types[:period]):
-    shape = (groups, starts.shape[0], config.num_kv_heads, cache_slots(config, layer_type == SLIDING, max_length),
+    shape = (groups, batch, config.num_kv_heads, cache_slots(config, layer_type == SLIDING, max_length),
              config.head_dim)
     layers[f'layer_{i}'] = {'k': jnp.zeros(shape, config.dtype), 'v': jnp.zeros(shape, config.dtype)}
-  return {'index': jnp.zeros((), jnp.int32), 'starts': starts, 'layers': layers}
+  return {'index': jnp.zeros((batch,), jnp.int32), 'layers': layers}
 
 
 def cache_logical_axes(config: ModelConfig) -> dict[str, Any]:
   """Logical PartitionSpecs of the cache (same tree as `init_cache`), for `sharding.logical_shardings`."""
   spec = jax.sharding.PartitionSpec
   buffers = {'k': spec(*CACHE_AXES), 'v': spec(*CACHE_AXES)}
-  return {'index': spec(), 'starts': spec('batch'),
+  return {'index': spec('batch'),
           'layers': {f'layer_{i}': buffers for i in range(config.layer_period)}}
 
 
@@ -96,15 +96,17 @@ def cache_shardings(config: ModelConfig, mesh: jax.sharding.Mesh) -> dict[str, A
   return sharding.logical_shardings(cache_logical_axes(config), mesh)
 
 
-def decode(config: ModelConfig, params: Any, tokens: jax.Array, cache: dict[str, Any], last_only: bool = False
-           ) -> tuple[jax.Array, dict[str, Any]]:
-  """Appends tokens [B, T] (the next T columns of every row) to the cache: (logits [B, T or 1, V], cache)."""
-  return Decoder(config).apply({'params': params}, tokens, cache=cache, last_only=last_only)
+def decode(config: ModelConfig, params: Any, tokens: jax.Array, cache: dict[str, Any], last_only: bool = False,
+           lengths: jax.Array | None = None) -> tuple[jax.Array, dict[str, Any]]:
+  """Appends row b's tokens[b, :lengths[b]] (tokens [B, T], right-padded; lengths default T) at its cursor:
+  (logits [B, T, V], or [B, 1, V] of each row's last new token with last_only; cache)."""
+  return Decoder(config).apply({'params': params}, tokens, cache=cache, last_only=last_only, lengths=lengths)
 
 
-def prefill(config: ModelConfig, params: Any, tokens: jax.Array, starts: jax.Array, max_length: int
+def prefill(config: ModelConfig, params: Any, tokens: jax.Array, lengths: jax.Array, max_length: int
             ) -> tuple[jax.Array, dict[str, Any]]:
-  """Left-padded prompts tokens [B, T] (row b starts at column starts[b]) → (logits [B, V] of each
-  row's last token, a cache of max_length columns holding the prompts)."""
-  logits, cache = decode(config, params, tokens, init_cache(config, starts, max_length), last_only=True)
+  """Right-padded prompts tokens [B, T] (row b's in tokens[b, :lengths[b]]) → (logits [B, V] of each row's
+  last token, a cache of max_length columns holding the prompts)."""
+  logits, cache = decode(config, params, tokens, init_cache(config, tokens.shape[0], max_length), last_only=True,
+                         lengths=lengths)
   return logits[:, 0], cache

@@ -5,17 +5,21 @@ bias; interleaved RoPE on sliding-window layers only (full layers are NoPE);
 GQA; embeddings tied to the LM head, logits scaled by `logit_scale`.
 Layers are scanned in groups of the `layer_types` period.
 
-Decoding with a KV cache (`Decoder(..., cache=...)`, see `init_cache`): a batch is
-left-padded, so every row writes its next token into the same cache column
-`index`; a row's tokens start at column `starts[b]` and have positions
-`column - starts[b]`, so RoPE sees exactly the positions of the unpadded row.
-Full-attention layers keep every column (a buffer of `max_length`); sliding
-layers keep a ring buffer of `min(sliding_window, max_length)` columns (column c
-lives in slot c % size), all the window ever needs. The cache follows the scan:
-its per-layer buffers [groups, batch, kv_heads, slots, head_dim] carry a leading
-axis of layer groups and travel whole in the scan carry, so that a decode step
-writes its column in place (then attends over the updated buffer) instead of
-copying buffers in and out of the scan.
+Decoding with a KV cache (`Decoder(..., cache=...)`, see `init_cache`): every row
+has its own cursor `index[b]`, the next column it writes; a row's tokens sit at
+columns 0.. in order, so column c has position c and RoPE sees exactly the
+positions of the unpadded row. A call appends a right-padded chunk [B, T] of
+which row b takes `lengths[b]` tokens (0: the row is left as it was), so one
+program serves a prefill of prompts of different lengths, a decode step of the
+rows still running, and a tool turn spliced into the rows that called a tool,
+each row at its own length. Full-attention layers keep every column (a buffer
+of `max_length`); sliding layers keep a ring buffer of
+`min(sliding_window, max_length)` columns (column c lives in slot c % size),
+all the window ever needs. The cache follows the scan: its per-layer buffers
+[groups, batch, kv_heads, slots, head_dim] carry a leading axis of layer groups
+and travel whole in the scan carry, so that a decode step writes its column in
+place (then attends over the updated buffer) instead of copying buffers in and
+out of the scan.
 """
 
 import functools
@@ -116,13 +120,14 @@ def cache_slots(config: ModelConfig, sliding: bool, max_length: int) -> int:
 
 
 def slot_columns(index: Array, slots: int) -> Array:
-  """[slots] the column each ring slot holds once columns < index are written; negative = never written."""
-  last = index - 1
+  """[B, slots] the column each ring slot of row b holds once its columns < index[b] are written;
+  negative = never written."""
+  last = index[:, None] - 1
   return last - jnp.mod(last - jnp.arange(slots), slots)
 
 
 def cache_key_columns(index: Array, length: int, slots: int) -> Array:
-  """The columns of the keys that T = length new tokens at columns index.. attend to.
+  """[B, keys] the columns of the keys that T = length new tokens at columns index[b].. attend to.
 
   One token (a decode step) is written first and attends to the cache alone, the order that lets
   the write happen in place. A chunk (a prefill) attends to [the cache before the write; the chunk
@@ -130,50 +135,52 @@ def cache_key_columns(index: Array, length: int, slots: int) -> Array:
   """
   if length == 1:
     return slot_columns(index + 1, slots)
-  return jnp.concatenate([slot_columns(index, slots), index + jnp.arange(length)])
+  return jnp.concatenate([slot_columns(index, slots), index[:, None] + jnp.arange(length)], axis=1)
 
 
-def cached_attention_mask(starts: Array, index: Array, length: int, slots: int, window: int | None) -> Array:
-  """[B, 1, T, keys] bool for T new tokens at columns index.. (keys: `cache_key_columns`).
+def cached_attention_mask(index: Array, length: int, slots: int, window: int | None) -> Array:
+  """[B, 1, T, keys] bool for T new tokens at columns index[b].. (keys: `cache_key_columns`).
 
-  Key column k is visible from query column q iff starts[b] <= k <= q (not padding, causal) and,
-  for sliding layers, q - window < k.
+  Key column k is visible from query column q iff 0 <= k <= q (written, causal) and, for sliding
+  layers, q - window < k. A chunk's padding columns (past a row's length) are never keys of its real
+  tokens, which come before them.
   """
-  queries = index + jnp.arange(length)                                           # [T]
-  keys = cache_key_columns(index, length, slots)
-  allowed = attention_lib.causal(queries[None, :, None], keys[None, None, :], window)
-  return (allowed & (keys[None, None, :] >= starts[:, None, None]))[:, None]
+  queries = index[:, None] + jnp.arange(length)                                  # [B, T]
+  keys = cache_key_columns(index, length, slots)                                 # [B, keys]
+  allowed = attention_lib.causal(queries[:, :, None], keys[:, None, :], window)
+  return (allowed & (keys[:, None, :] >= 0))[:, None]
 
 
-def write_cache(buffer: Array, new: Array, index: Array) -> Array:
-  """Ring write of new [B, K, T, D] at columns index.. into buffer [B, K, slots, D]; only the last
-  `slots` columns survive when T > slots."""
+def write_cache(buffer: Array, new: Array, index: Array, end: Array) -> Array:
+  """Ring write of row b's new [B, K, T, D] columns index[b]..end[b]-1 into buffer [B, K, slots, D]; only
+  the last `slots` of them survive when a row writes more than the ring holds."""
   slots, length = buffer.shape[2], new.shape[2]
-  columns = slot_columns(index + length, slots)   # the newest column of each slot after the write
-  take = jnp.take(new.astype(buffer.dtype), jnp.clip(columns - index, 0, length - 1), axis=2)
-  return jnp.where((columns >= index)[:, None], take, buffer)
+  columns = slot_columns(end, slots)               # [B, slots]: the newest column of each slot after the write
+  offsets = jnp.clip(columns - index[:, None], 0, length - 1)
+  take = jnp.take_along_axis(new.astype(buffer.dtype), offsets[:, None, :, None], axis=2)
+  return jnp.where((columns >= index[:, None])[:, None, :, None], take, buffer)
 
 
 def attend_and_update_cache(q: Array, k: Array, v: Array, cache: dict[str, Array], group: Array, index: Array,
-                            mask: Array, dtype: Any) -> tuple[Array, dict[str, Array]]:
+                            end: Array, mask: Array, dtype: Any) -> tuple[Array, dict[str, Array]]:
   """New tokens' attention over the cache of layer group `group`, and the cache with them written in.
 
-  q [B, T, K, G, D]; k, v [B, T, K, D]; cache {'k', 'v'}: [groups, B, K, slots, D] (all groups: they
-  travel in the scan carry, so a decode step updates them in place rather than copying them).
+  q [B, T, K, G, D]; k, v [B, T, K, D]; row b's new columns are index[b]..end[b]-1; cache {'k', 'v'}:
+  [groups, B, K, slots, D] (all groups: they travel in the scan carry, so a decode step updates them in
+  place rather than copying them).
   """
   new = {'k': jnp.swapaxes(k, 1, 2), 'v': jnp.swapaxes(v, 1, 2)}                 # [B, K, T, D]
-  if k.shape[1] == 1:  # decode: write the column, then attend to the cache alone
-    # In place for two or more groups; with one group XLA (0.10, CPU) still copies each buffer once
-    # per step, because the reader of the write is then a free reshape it fuses a private write into.
-    slot = jnp.mod(index, cache['k'].shape[3])
-    cache = {name: jax.lax.dynamic_update_slice(cache[name], new[name][None].astype(cache[name].dtype),
-                                                (group, 0, 0, slot, 0)) for name in cache}
+  if k.shape[1] == 1:  # decode: write each row's column (a row that takes no token writes at its
+    # cursor, which its next token overwrites), then attend to the cache alone
+    rows, slot = jnp.arange(index.shape[0]), jnp.mod(index, cache['k'].shape[3])
+    cache = {name: cache[name].at[group, rows, :, slot].set(new[name][:, :, 0].astype(cache[name].dtype),
+                                                             unique_indices=True) for name in cache}
     current = {name: jax.lax.dynamic_index_in_dim(cache[name], group, keepdims=False) for name in cache}
     out = attention_lib.attend_blocks(q, [(current['k'], current['v'])], mask, dtype)
   else:                # prefill: attend to [old cache; chunk], then write
     old = {name: jax.lax.dynamic_index_in_dim(cache[name], group, keepdims=False) for name in cache}
     out = attention_lib.attend_blocks(q, [(old['k'], old['v']), (new['k'], new['v'])], mask, dtype)
-    cache = {name: jax.lax.dynamic_update_index_in_dim(cache[name], write_cache(old[name], new[name], index),
+    cache = {name: jax.lax.dynamic_update_index_in_dim(cache[name], write_cache(old[name], new[name], index, end),
                                                        group, axis=0) for name in cache}
   return out, {name: constrain(buffer, CACHE_AXES) for name, buffer in cache.items()}
 
@@ -181,14 +188,14 @@ def attend_and_update_cache(q: Array, k: Array, v: Array, cache: dict[str, Array
 class Attention(nn.Module):
   """Training: attends within the rows of x, `context` being their segment ids [B, T], through
   `attention.attend` (the backend of `config.attention_impl`). Decoding, with `cache` ({'k', 'v'} of
-  every group, see `attend_and_update_cache`), the layer group `group` and the first new column
-  `index`: `context` is this layer's `cached_attention_mask`; returns (out, updated cache)."""
+  every group, see `attend_and_update_cache`), the layer group `group` and `span` = (index, end) [B],
+  each row's new columns: `context` is this layer's `cached_attention_mask`; returns (out, updated cache)."""
   config: ModelConfig
   sliding: bool
 
   @nn.compact
   def __call__(self, x: Array, positions: Array, context: Array, cache: dict[str, Array] | None = None,
-               group: Array | None = None, index: Array | None = None):
+               group: Array | None = None, span: tuple[Array, Array] | None = None):
     cfg = self.config
     dense = functools.partial(Projection, dtype=cfg.dtype, param_dtype=cfg.param_dtype, quant=cfg.quant)
     q = dense((cfg.num_heads, cfg.head_dim), ('embed', 'heads', 'head_dim'), name='q_proj')(x)
@@ -209,7 +216,7 @@ class Attention(nn.Module):
       out = attention_lib.attend(q, k, v, context, window=cfg.sliding_window if self.sliding else None,
                                  impl=cfg.attention_impl, dtype=cfg.dtype, block=cfg.attention_block)
     else:
-      out, cache = attend_and_update_cache(q, k, v, cache, group, index, context, cfg.dtype)
+      out, cache = attend_and_update_cache(q, k, v, cache, group, *span, context, cfg.dtype)
     out = out.reshape(batch, length, cfg.num_heads, cfg.head_dim)
     out = constrain(out, ('batch', 'length', 'act_heads', None))
     out = dense((cfg.hidden_size,), ('heads', 'head_dim', 'embed'), name='o_proj')(out)
@@ -236,7 +243,7 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, positions: Array, context: Array, cache: dict[str, Array] | None = None,
-               group: Array | None = None, index: Array | None = None):
+               group: Array | None = None, span: tuple[Array, Array] | None = None):
     # Training keeps the residual stream split over the sequence ('act_seq', see model.sharding); the
     # branches work on whole rows, gathered while still [B, T, E] and summed back whole, so that the
     # projections' flattened [B·T, E] matmuls never meet a sequence-split operand or cotangent (GSPMD
@@ -244,7 +251,7 @@ class Block(nn.Module):
     residual = ('batch', 'act_seq' if cache is None else 'length', 'act_embed')
     whole = ('batch', 'length', 'act_embed')
     h = constrain(LayerNorm(self.config.layer_norm_eps, self.config.param_dtype, name='input_layernorm')(x), whole)
-    attention = Attention(self.config, self.sliding, name='self_attn')(h, positions, context, cache, group, index)
+    attention = Attention(self.config, self.sliding, name='self_attn')(h, positions, context, cache, group, span)
     if cache is not None:
       attention, cache = attention
     mlp = Mlp(self.config, name='mlp')(h)
@@ -257,8 +264,8 @@ class Block(nn.Module):
 class LayerGroup(nn.Module):
   """One period of `layer_types` (e.g. 3 sliding + 1 full); the scan body.
 
-  The carry is x [B, T, E], or when decoding (x, caches, group, index): the caches of every group
-  ({'layer_i': {'k', 'v'}}), this group's number and the first new column. `context` is the rows'
+  The carry is x [B, T, E], or when decoding (x, caches, group, span): the caches of every group
+  ({'layer_i': {'k', 'v'}}), this group's number and (index, end) [B], each row's new columns. `context` is the rows'
   segment ids [B, T] when training, {layer type: cached mask} when decoding. With
   `remat_scope='layer'` each block is rematerialised on its own (the backward pass then holds one
   layer's recomputed activations at a time, not the group's).
@@ -277,17 +284,18 @@ class LayerGroup(nn.Module):
       if caches is None:
         x = block(x, positions, context)
       else:
-        group, index = carry[2], carry[3]
-        x, caches[f'layer_{i}'] = block(x, positions, context[layer_type], caches[f'layer_{i}'], group, index)
+        group, span = carry[2], carry[3]
+        x, caches[f'layer_{i}'] = block(x, positions, context[layer_type], caches[f'layer_{i}'], group, span)
     return (x if caches is None else (x, caches, carry[2] + 1, carry[3])), None
 
 
 class Decoder(nn.Module):
   """tokens [B, T] int → logits [B, T, V] float32.
 
-  With `cache` (see `init_cache`): tokens are the next T columns of every row, positions and
-  masks come from the cache, and the call returns (logits, updated cache). `last_only` keeps
-  only the last column's logits ([B, 1, V]), all a sampler needs after a prefill. Without a cache,
+  With `cache` (see `init_cache`): row b appends tokens[b, :lengths[b]] (default all T) at its own
+  cursor, positions and masks come from the cache, and the call returns (logits, updated cache).
+  `last_only` keeps only the logits of each row's last new token ([B, 1, V]), all a sampler needs
+  after a prefill. Without a cache,
   `logit_columns` [B, M] int returns logits at those columns only ([B, M, V]): a loss that scores a
   few positions skips most of the vocabulary projection (a large share of a small model's FLOPs).
   """
@@ -295,12 +303,13 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(self, tokens: Array, positions: Array | None = None, segment_ids: Array | None = None,
-               cache: dict[str, Any] | None = None, last_only: bool = False, logit_columns: Array | None = None):
+               cache: dict[str, Any] | None = None, last_only: bool = False, logit_columns: Array | None = None,
+               lengths: Array | None = None):
     cfg = self.config
     if cache is not None:
       if positions is not None or segment_ids is not None:
-        raise ValueError('with a cache, positions come from cache["starts"]; do not pass positions/segment_ids')
-      return self._extend(tokens, cache, last_only)
+        raise ValueError('with a cache, positions come from cache["index"]; do not pass positions/segment_ids')
+      return self._extend(tokens, cache, lengths, last_only)
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     if segment_ids is None:
@@ -329,11 +338,14 @@ class Decoder(nn.Module):
     logits = constrain(logits * cfg.logit_scale, ('batch', 'length', 'act_vocab'))
     return logits[..., :cfg.vocab_size] if cfg.vocab_padding else logits   # padding rows are never a token
 
-  def _extend(self, tokens: Array, cache: dict[str, Any], last_only: bool) -> tuple[Array, dict[str, Any]]:
-    """Appends tokens [B, T] at columns cache['index'].. of every row; (logits, new cache)."""
+  def _extend(self, tokens: Array, cache: dict[str, Any], lengths: Array | None, last_only: bool
+              ) -> tuple[Array, dict[str, Any]]:
+    """Appends row b's tokens[b, :lengths[b]] (default all T) at its columns cache['index'][b]..; (logits,
+    new cache). With last_only, the logits of each row's last new token ([B, 1, V]; junk where lengths is 0)."""
     cfg = self.config
-    index, starts, length = cache['index'], cache['starts'], tokens.shape[1]
-    positions = jnp.maximum(index + jnp.arange(length)[None, :] - starts[:, None], 0)  # padding: any position
+    index, length = cache['index'], tokens.shape[1]
+    lengths = jnp.full_like(index, length) if lengths is None else lengths.astype(index.dtype)
+    positions = index[:, None] + jnp.arange(length)
     embedding = self._embedding()
     x = constrain(jnp.take(embedding, tokens, axis=0).astype(cfg.dtype), ('batch', 'length', 'act_embed'))
     layer_types = cfg.layer_types[:cfg.layer_period]
@@ -341,15 +353,17 @@ class Decoder(nn.Module):
     for i, layer_type in enumerate(layer_types):
       slots = cache['layers'][f'layer_{i}']['k'].shape[3]
       window = cfg.sliding_window if layer_type == SLIDING else None
-      masks[layer_type] = cached_attention_mask(starts, index, length, slots, window)
+      masks[layer_type] = cached_attention_mask(index, length, slots, window)
     # No remat: decoding takes no gradients. Same module names as training, so the same params.
     # Fully unrolled (unroll=0; jax reads unroll=True as 1 for a single group), so the groups' cache
     # buffers are updated in place rather than copied through a loop; compile time grows with depth.
     scanned = nn.scan(LayerGroup, variable_axes={'params': 0}, split_rngs={'params': True},
                       in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_layers // cfg.layer_period, unroll=0,
                       metadata_params={nn.PARTITION_NAME: 'layers'})
-    (x, layers, _, _), _ = scanned(cfg, name='layers')((x, cache['layers'], jnp.int32(0), index), positions, masks)
+    span = (index, index + lengths)
+    (x, layers, _, _), _ = scanned(cfg, name='layers')((x, cache['layers'], jnp.int32(0), span), positions, masks)
     if last_only:
-      x = x[:, -1:]
-    new_cache = {'index': index + length, 'starts': starts, 'layers': layers}
-    return self._logits(x, embedding), new_cache
+      # a one-hot sum rather than a gather, which GSPMD can only partition by replicating x
+      last = jnp.arange(length) == jnp.maximum(lengths - 1, 0)[:, None]
+      x = x if length == 1 else jnp.einsum('bte,bt->be', x, last.astype(x.dtype))[:, None]
+    return self._logits(x, embedding), {'index': index + lengths, 'layers': layers}

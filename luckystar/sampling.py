@@ -71,6 +71,9 @@ class Decoder(Protocol):
   extend: right-padded tokens [B, T], row b appending tokens[b, :lengths[b]] (0: the row is left as it
     was) → (logits [B, V] of each row's last new token, junk where lengths is 0; state).
   reset: rows [B] bool → the state with those rows emptied (they start new sequences).
+  take: rows [R] int → a state of those R rows (copies).
+  put: rows [R] int, sub (a state of R rows) → the state with row rows[r] replaced by sub's row r; rows
+    out of range are dropped.
   """
 
   def init(self, batch: int, max_length: int) -> Any:
@@ -80,6 +83,12 @@ class Decoder(Protocol):
     ...
 
   def reset(self, state: Any, rows: Array) -> Any:
+    ...
+
+  def take(self, state: Any, rows: Array) -> Any:
+    ...
+
+  def put(self, state: Any, rows: Array, sub: Any) -> Any:
     ...
 
 
@@ -97,6 +106,14 @@ class CachedDecoder:
 
   def reset(self, state, rows):
     return {**state, 'index': jnp.where(rows, 0, state['index'])}
+
+  def take(self, state, rows):
+    return {'index': state['index'][rows], 'layers': jax.tree.map(lambda b: b[:, rows], state['layers'])}
+
+  def put(self, state, rows, sub):
+    put = lambda buffer, new: buffer.at[:, rows].set(new, mode='drop')
+    return {'index': state['index'].at[rows].set(sub['index'], mode='drop'),
+            'layers': jax.tree.map(put, state['layers'], sub['layers'])}
 
 
 def as_decoder(model: 'model_lib.ModelConfig | Decoder') -> Decoder:
@@ -160,14 +177,21 @@ def choose_tokens(logits: Array, keys: Array, settings: SamplingSettings) -> tup
     return tokens, jnp.zeros_like(untruncated), untruncated
   scaled = logits / settings.temperature
   truncated = truncated_logits(scaled, settings.top_k, settings.top_p)
-  tokens = jax.vmap(jax.random.categorical)(keys, truncated)
-  return tokens, chosen_logprobs(truncated, tokens), chosen_logprobs(scaled, tokens)
+  # jax.random.categorical's Gumbel-max, its argmax taken as `greedy_tokens` does (same tokens, faster on CPU)
+  noise = jax.vmap(lambda key: jax.random.gumbel(key, truncated.shape[1:], truncated.dtype))(keys)
+  tokens = greedy_tokens(truncated + noise)
+  untruncated = chosen_logprobs(scaled, tokens)
+  if settings.top_k == 0 and settings.top_p == 1.0:   # nothing truncated: one log-softmax serves both
+    return tokens, untruncated, untruncated
+  return tokens, chosen_logprobs(truncated, tokens), untruncated
 
 
-def generate(decoder: Decoder, params: Any, state: Any, logits: Array, budgets: Array, stop_ids: Array, rng: Array,
-             row_ids: Array, offsets: Array, exit_after: Array, *, max_new_tokens: int,
-             settings: SamplingSettings) -> tuple[SampleOutput, Any]:
-  """The decode loop, from logits [B, V] of each row's last token in `state`.
+def generate(decoder: Decoder, params: Any, state: Any, logits: Array | None, last: Array, continuing: Array,
+             budgets: Array, stop_ids: Array, rng: Array, row_ids: Array, offsets: Array, exit_after: Array, *,
+             max_new_tokens: int, settings: SamplingSettings) -> tuple[SampleOutput, Any]:
+  """The decode loop. Row b starts from logits[b] (of its last token in `state`) or, where continuing[b],
+  first takes in last[b] (its last sampled token, not yet in `state`, whose logits then follow); logits
+  None: every busy row continues.
 
   budgets [B] int32 <= max_new_tokens, the most tokens row b may generate (0: none, the row is idle);
   stop_ids [S] int32 (-1 never matches); row_ids [B] and offsets [B] int32: row b's global id and the
@@ -176,6 +200,14 @@ def generate(decoder: Decoder, params: Any, state: Any, logits: Array, budgets: 
   sampled token is never in the returned state (a stopped row's stop token included): whoever continues
   the row feeds it first.
   """
+  def take_last(state):
+    new, state = decoder.extend(params, last[:, None], continuing.astype(jnp.int32), state)
+    return (new if logits is None else jnp.where(continuing[:, None], new, logits)), state
+
+  if logits is None:
+    logits, state = take_last(state)
+  else:
+    logits, state = jax.lax.cond(jnp.any(continuing), take_last, lambda state: (logits, state), state)
   batch = logits.shape[0]
   budgets = constrain(budgets.astype(jnp.int32), ('batch',))
   row_ids, offsets = (constrain(x.astype(jnp.int32), ('batch',)) for x in (row_ids, offsets))
@@ -227,8 +259,9 @@ def sample_padded(decoder: Decoder, params: Any, tokens: Array, lengths: Array, 
   tokens = constrain(tokens.astype(jnp.int32), ('batch', 'length'))
   state = decoder.init(tokens.shape[0], tokens.shape[1] + max_new_tokens)
   logits, state = decoder.extend(params, tokens, constrain(lengths.astype(jnp.int32), ('batch',)), state)
-  return generate(decoder, params, state, logits, budgets, stop_ids, rng, row_ids, offsets,
-                  jnp.int32(tokens.shape[0] + 1), max_new_tokens=max_new_tokens, settings=settings)[0]
+  nothing = jnp.zeros(tokens.shape[:1], jnp.int32)
+  return generate(decoder, params, state, logits, nothing, nothing.astype(bool), budgets, stop_ids, rng, row_ids,
+                  offsets, jnp.int32(tokens.shape[0] + 1), max_new_tokens=max_new_tokens, settings=settings)[0]
 
 
 @functools.partial(jax.jit, static_argnames=('decoder', 'batch', 'max_length'))
@@ -236,11 +269,21 @@ def _init_state(decoder: Decoder, *, batch: int, max_length: int) -> Any:
   return decoder.init(batch, max_length)
 
 
-@functools.partial(jax.jit, static_argnames=('decoder',), donate_argnames=('state',))
-def _extend(decoder: Decoder, params: Any, state: Any, tokens: Array, lengths: Array, reset: Array
-            ) -> tuple[Array, Any]:
-  """Empties the `reset` rows, then appends row b's tokens[b, :lengths[b]]: (logits [B, V], state)."""
-  return decoder.extend(params, tokens, lengths, decoder.reset(state, reset))
+@functools.partial(jax.jit, static_argnames=('decoder', 'slots'), donate_argnames=('state',))
+def _admit(decoder: Decoder, params: Any, state: Any, tokens: Array, lengths: Array, sources: Array, fresh: Array,
+           targets: Array, picks: Array, *, slots: int) -> tuple[Array, Any]:
+  """Appends chunks to a few rows of `state`, computing only those rows.
+
+  Chunk r (tokens[r, :lengths[r]]) extends a copy of row sources[r], emptied first where fresh[r]; slot
+  targets[d] then takes chunk picks[d]'s row (one chunk can fill several slots: the samples of a prompt
+  share its prefill; targets out of range are dropped). Returns (logits [slots, V], zero where no chunk
+  landed; state of `slots` rows).
+  """
+  sub = decoder.reset(decoder.take(state, sources), fresh)
+  chunk_logits, sub = decoder.extend(params, tokens, lengths, sub)
+  state = decoder.put(state, targets, decoder.take(sub, picks))
+  logits = jnp.zeros((slots, chunk_logits.shape[1]), chunk_logits.dtype)
+  return logits.at[targets].set(chunk_logits[picks], mode='drop'), state
 
 
 _generate = jax.jit(generate, static_argnames=('decoder', 'max_new_tokens', 'settings'), donate_argnames=('state',))
@@ -371,7 +414,7 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
             prompts: Sequence[Sequence[int]], *, rng: Array, max_new_tokens: int, tool_fn: ToolFn | None = None,
             max_tool_turns: int = 4, max_tool_result_tokens: int = 512, temperature: float = 1.0, top_k: int = 0,
             top_p: float = 1.0, length_multiple: int = 64, row_ids: Sequence[int] | None = None,
-            slots: int | None = None) -> list[Rollout]:
+            slots: int | None = None, progress: Callable[[int], Any] | None = None) -> list[Rollout]:
   """Generates each prompt's continuation, running tools between turns.
 
   prompts: rendered with add_generation_prompt=True. A row that stops at END_ACTION gets
@@ -388,7 +431,8 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
   the longest prompt + max_new_tokens rounded up to length_multiple; appended chunks a power of two up
   to length_multiple, then its multiples), so a run reuses a few compiled programs.
   row_ids: each prompt's global id (default its index), which with its continuation column keys its draws:
-  a row samples the same tokens whatever slot, batch or round it runs in.
+  a row samples the same tokens whatever slot, batch or round it runs in. progress: called with the number
+  of rows that ended, each time some have (a progress bar's update).
   """
   if not prompts:
     return []
@@ -400,8 +444,7 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
   ids = np.arange(len(rows), dtype=np.int32) if row_ids is None else np.asarray(list(row_ids), np.int32)
   if ids.shape != (len(rows),):
     raise ValueError(f'row_ids must hold {len(rows)} ints, one per prompt, got shape {ids.shape}')
-  count = 1 << (min(slots or len(rows), len(rows)) - 1).bit_length()
-  count = _round_up(count, _batch_devices())
+  count = _round_up(_power_of_two(min(slots or len(rows), len(rows))), _batch_devices())
   width = _bucket(max_new_tokens, length_multiple)
   state = _init_state(decoder, batch=count, max_length=_bucket(max(map(len, prompts)) + width, length_multiple))
   stops = _stop_array(tokenizer.stop_ids)
@@ -417,16 +460,18 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
     busy = [slot for slot in range(count) if occupant[slot] is not None]
     if not busy:
       break
-    tokens, lengths = right_pad(feed, 1)
-    chunk = _bucket(tokens.shape[1], length_multiple) if tokens.shape[1] > length_multiple else (
-        1 << (tokens.shape[1] - 1).bit_length())
-    tokens = np.pad(tokens, ((0, 0), (0, chunk - tokens.shape[1])))
-    logits, state = _extend(decoder, params, state, tokens, lengths, fresh)
+    continuing = np.array([bool(occupant[s] is not None and not fresh[s] and len(feed[s]) == 1)
+                           for s in range(count)])
+    logits = _admit_chunks(decoder, params, state, feed, fresh, continuing, length_multiple)
+    if logits is not None:
+      logits, state = logits
     per_slot = lambda f: np.array([f(rows[occupant[s]]) if occupant[s] is not None else 0 for s in range(count)],
                                   np.int32)
+    last = np.array([feed[s][-1] if continuing[s] else 0 for s in range(count)], np.int32)
     exit_after = max(1, len(busy) // 4) if pending or tool_fn is not None else len(busy)
-    out, state = _generate(decoder, params, state, logits, per_slot(lambda r: max_new_tokens - len(r.ids)), stops,
-                           rng, np.array([ids[i] if i is not None else 0 for i in occupant], np.int32),
+    out, state = _generate(decoder, params, state, logits, last, continuing,
+                           per_slot(lambda r: max_new_tokens - len(r.ids)), stops, rng,
+                           np.array([ids[i] if i is not None else 0 for i in occupant], np.int32),
                            per_slot(lambda r: len(r.ids)), np.int32(exit_after), max_new_tokens=width,
                            settings=settings)
     out = jax.device_get(out)
@@ -436,7 +481,48 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
                               max_tool_result_tokens)
       if rows[i].stop_reason is not None:
         occupant[slot], feed[slot] = None, []
+    if progress is not None:
+      progress(sum(occupant[slot] is None for slot in busy))
   return [_finish(r, tokenizer) for r in rows]
+
+
+def _admit_chunks(decoder: Decoder, params: Any, state: Any, feed: list[list[int]], fresh: np.ndarray,
+                  continuing: np.ndarray, length_multiple: int) -> tuple[Array, Any] | None:
+  """Runs `_admit` on the slots whose feed is more than a continuing row's last token: new prompts (identical
+  ones prefilled once) and spliced tool turns. Sizes are bucketed (rows to a power of two, widths to a power
+  of two up to length_multiple, then its multiples) so that a run reuses a few programs. None: nothing to
+  admit."""
+  chunks, sources, fresh_chunks, targets, picks, shared = [], [], [], [], [], {}
+  for slot, tokens in enumerate(feed):
+    if not tokens or continuing[slot]:
+      continue
+    if fresh[slot] and tuple(tokens) in shared:   # another sample of a prompt admitted in this call
+      picks.append(shared[tuple(tokens)])
+    else:
+      if fresh[slot]:
+        shared[tuple(tokens)] = len(chunks)
+      picks.append(len(chunks))
+      chunks.append(tokens)
+      sources.append(slot)
+      fresh_chunks.append(bool(fresh[slot]))
+    targets.append(slot)
+  if not chunks:
+    return None
+  slots = len(feed)
+  rows, width = _power_of_two(len(chunks)), max(map(len, chunks))
+  width = _bucket(width, length_multiple) if width > length_multiple else _power_of_two(width)
+  tokens = np.full((rows, width), PAD_ID, np.int32)
+  for r, chunk in enumerate(chunks):
+    tokens[r, :len(chunk)] = chunk
+  pad = lambda values, size, fill: np.array(values + [fill] * (size - len(values)), np.int32)
+  destinations = _power_of_two(len(targets))
+  return _admit(decoder, params, state, tokens, pad([len(c) for c in chunks], rows, 0), pad(sources, rows, 0),
+                pad(fresh_chunks, rows, 0).astype(bool), pad(targets, destinations, slots),
+                pad(picks, destinations, 0), slots=slots)
+
+
+def _power_of_two(value: int) -> int:
+  return 1 << (max(value, 1) - 1).bit_length()
 
 
 def _take_turn(row: _Row, index: int, out: SampleOutput, slot: int, tokenizer: tokenizer_lib.Tokenizer,

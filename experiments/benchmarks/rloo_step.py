@@ -19,10 +19,18 @@ One warm-up step first (it compiles the sampler and the update; printed apart), 
 median total of --steps steps, with its split (compiling for a new batch shape, should one appear, is
 printed apart and left out). A random model almost never emits a stop token, so rollouts run to the
 budget and are dropped as overlong (zero advantages): the update's arithmetic is the same.
-Our rendered prompts (chat template, system turn) are longer than the peer's 32 tokens; the prompt
-lengths are printed.
-Peer (DESIGN §9): TRL 1.16 `RLOOTrainer` on this shape and a `bench`-shaped model, 6.1–6.5 s per step
-on 2 CPU cores; goal ≤ 2 s.
+Our rendered prompts (chat template, system turn) are longer than a bare question; the prompt
+lengths are printed, and the peer gets the very same token ids.
+
+Peer, in the same run (`--peer=trl`, the default, when TRL is installed: `pip install -e ".[bench]"`): TRL's
+`RLOOTrainer` on our random weights (exported with `interop.hf.params_to_hf` into a transformers
+`Cohere2ForCausalLM`), fp32 on 2 torch threads, the same prompts as token ids (a word-level tokenizer whose
+word i is token i), k generations of exactly --new_tokens tokens (`min_new_tokens`, as our random model
+runs every rollout to its budget), temperature 1, no KL term (beta 0, as configs/rlvr.py), no gradient
+checkpointing, one optimizer step per generation batch, no logging, saving or eval inside a step. One
+TRL step and one of ours alternate (a callback runs ours between TRL's steps, outside its timed window),
+--rounds times after a warm-up each; medians, spreads and the ratio are printed, with the step's model
+FLOPs and the floor they imply at the fp32 matmul peak measured in this run (jax, 2,048² matmuls).
 """
 
 import argparse
@@ -30,6 +38,8 @@ import contextlib
 import functools
 import os
 import pathlib
+import statistics
+import tempfile
 import time
 
 import jax
@@ -38,6 +48,7 @@ import numpy as np
 from luckystar import config as config_lib
 from luckystar import model
 from luckystar import tokenizer as tokenizer_lib
+from luckystar.interop import hf as hf_lib
 from luckystar.model import sharding
 from luckystar.rewards import reward as reward_lib
 from luckystar.engine import optim, rollouts
@@ -46,7 +57,6 @@ from luckystar.engine import state as state_lib
 from luckystar.engine import step as step_lib
 
 RLVR_CONFIG = pathlib.Path(__file__).resolve().parents[2] / 'configs' / 'rlvr.py'
-PEER_SECONDS = (6.1, 6.5)  # TRL 1.16 RLOOTrainer, DESIGN §9
 PHASES = ('rollout', 'scoring', 'batch', 'update')
 
 
@@ -90,6 +100,83 @@ def timed_scoring():
     reward_lib.score = original
 
 
+def matmul_peak_flops(size: int = 2048, repeats: int = 5) -> float:
+  """FLOP/s of the best of `repeats` fp32 size² matmuls in jax: the hardware's practical peak here."""
+  x = jax.random.normal(jax.random.key(0), (size, size), jax.numpy.float32)
+  matmul = jax.jit(lambda a: a @ a)
+  jax.block_until_ready(matmul(x))
+  best = min(_seconds(lambda: jax.block_until_ready(matmul(x))) for _ in range(repeats))
+  return 2 * size ** 3 / best
+
+
+def _seconds(run) -> float:
+  start = time.perf_counter()
+  run()
+  return time.perf_counter() - start
+
+
+def step_flops(model_config: model.ModelConfig, prompt_lengths: list[int], k: int, new_tokens: int) -> dict:
+  """Model FLOPs of one step (2 · params per token forward, 3× that for forward + backward, plus QKᵀ and PV
+  over the attended keys; embedding lookups free): each prompt prefilled once, k · new_tokens decoded per
+  prompt, and the update's forward + backward over every row (prompt + completion)."""
+  params = model.param_count(model_config)
+  attention = lambda length: sum(  # per token at context `length`, all layers
+      4 * model_config.num_heads * model_config.head_dim *
+      (min(length, model_config.sliding_window) if kind == model.SLIDING else length)
+      for kind in model_config.layer_types)
+  rollout = sum(length * (2 * params + attention(length) / 2) +
+                k * sum(2 * params + attention(length + t) for t in range(new_tokens)) for length in prompt_lengths)
+  update = 3 * k * sum(sum(2 * params + attention(t + 1) for t in range(length + new_tokens))
+                       for length in prompt_lengths)
+  return {'rollout': rollout, 'update': update}
+
+
+def trl_trainer(model_config: model.ModelConfig, params, prompts: list[list[int]], k: int, new_tokens: int,
+                temperature: float, steps: int, between, workdir: str):
+  """TRL's RLOOTrainer on `params` and `prompts` (module docstring); `between()` runs after each of its steps.
+  Returns (trainer, list of its step seconds)."""
+  import datasets  # pylint: disable=g-import-not-at-top
+  import tokenizers
+  import torch
+  import transformers
+  import trl
+  torch.set_num_threads(2)
+  hf_config = transformers.Cohere2Config(**{k: v for k, v in hf_lib.config_to_hf(model_config).items()
+                                            if k not in ('architectures', 'model_type')})
+  peer = transformers.Cohere2ForCausalLM(hf_config)
+  tensors = {name: torch.from_numpy(np.array(value, np.float32))
+             for name, value in hf_lib.params_to_hf(params, model_config).items()}
+  missing, unexpected = peer.load_state_dict(tensors, strict=False)
+  assert not unexpected and set(missing) <= {'lm_head.weight'}, (missing, unexpected)   # tied to the embedding
+  words = tokenizers.Tokenizer(tokenizers.models.WordLevel({f't{i}': i for i in range(model_config.vocab_size)},
+                                                           unk_token='t0'))
+  words.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+  tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=words, pad_token='t0', eos_token='t5',
+                                                   padding_side='left')
+  dataset = datasets.Dataset.from_dict({'prompt': [' '.join(f't{i}' for i in p) for p in prompts]})
+  config = trl.RLOOConfig(
+      output_dir=workdir, per_device_train_batch_size=k * len(prompts), gradient_accumulation_steps=1,
+      steps_per_generation=1, num_generations=k, max_completion_length=new_tokens, temperature=temperature,
+      generation_kwargs={'min_new_tokens': new_tokens}, beta=0.0, max_steps=steps, num_train_epochs=steps,
+      learning_rate=1e-5, gradient_checkpointing=False, bf16=False, fp16=False, use_cpu=True,
+      logging_strategy='no', save_strategy='no', eval_strategy='no', report_to='none', shuffle_dataset=False,
+      dataloader_num_workers=0, log_completions=False, disable_tqdm=True, seed=0)
+  seconds = []
+
+  class Alternate(transformers.TrainerCallback):
+    def on_step_begin(self, args, state, control, **kwargs):
+      self.start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+      seconds.append(time.perf_counter() - self.start)
+      between()
+
+  reward = lambda completions, **kwargs: [float(len(c) % 3) for c in completions]  # cheap, and rewards vary
+  trainer = trl.RLOOTrainer(model=peer, reward_funcs=reward, args=config, train_dataset=dataset,
+                            processing_class=tokenizer, callbacks=[Alternate()])
+  return trainer, seconds
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--prompts', type=int, default=8)
@@ -97,7 +184,8 @@ def main():
   parser.add_argument('--new_tokens', type=int, default=64)
   parser.add_argument('--size', default='bench')
   parser.add_argument('--tasks', default='math', help='comma-separated, e.g. math,korean_mc')
-  parser.add_argument('--steps', type=int, default=3, help='timed steps (the median one is reported)')
+  parser.add_argument('--steps', type=int, default=5, help='timed steps of each side (medians are reported)')
+  parser.add_argument('--peer', default='trl', choices=('trl', 'none'))
   args = parser.parse_args()
 
   config = stage_config(args.size, args.prompts, args.k, args.new_tokens)
@@ -165,12 +253,32 @@ def main():
         f' + scoring {warmup["scoring"]:.3f} + batch {warmup["batch"]:.3f} + update compile {warmup["compile"]:.2f}'
         f' + update {warmup["update"]:.3f}')
 
-  timed = []
-  for _ in range(args.steps):
-    state, seconds, facts = step(state)
-    timed.append((sum(seconds[p] for p in PHASES), seconds, facts))  # compilation left out
-  timed.sort(key=lambda t: t[0])
-  total, seconds, facts = timed[len(timed) // 2]
+  timed, peer_seconds = [], []
+
+  def timed_step():
+    nonlocal state
+    if len(timed) < args.steps:
+      state, seconds, facts = step(state)
+      timed.append((sum(seconds[p] for p in PHASES), seconds, facts))  # compilation left out
+
+  peer = args.peer
+  if peer == 'trl':
+    try:
+      import trl  # pylint: disable=g-import-not-at-top,unused-import
+    except ImportError:
+      print('TRL is not installed (pip install -e ".[bench]"): no peer this run')
+      peer = 'none'
+  if peer == 'trl':
+    with tempfile.TemporaryDirectory() as workdir:
+      trainer, peer_seconds = trl_trainer(model_config, jax.device_get(state.params), prompts, args.k,
+                                          args.new_tokens, config.sampling.temperature, args.steps + 1,
+                                          timed_step, workdir)
+      trainer.train()    # TRL's first step is its warm-up; ours runs after each of its steps
+    peer_seconds = peer_seconds[1:]
+  while len(timed) < args.steps:
+    timed_step()
+  totals = [t[0] for t in timed]
+  total, seconds, facts = sorted(timed, key=lambda t: t[0])[len(timed) // 2]
   print(f'update batch {facts["batch_shape"][0]} × {facts["batch_shape"][1]} tokens; {facts["generated"]} tokens '
         f'generated; {facts["scored"]} rollouts scored, {facts["overlong"]}/{facts["rollouts"]} overlong, '
         f'{facts["used"]} rows in the loss; loss {facts["loss"]:.4f}\n')
@@ -179,13 +287,20 @@ def main():
     print(f'{phase:<9} {seconds[phase]:>8.4f} {seconds[phase] / total:>6.1%}')
   if seconds['compile'] > 0:
     print(f'(and {seconds["compile"]:.2f} s compiling the update for a new batch shape, not counted)')
-  spread = f'; range {timed[0][0]:.2f}–{timed[-1][0]:.2f} s' if len(timed) > 1 else ''
-  print(f'{"total":<9} {total:>8.4f}         median of {len(timed)} step(s){spread}; '
-        f'rollout {facts["generated"] / seconds["rollout"]:.0f} generated tokens/s')
-  peer = float(np.mean(PEER_SECONDS))
-  print(f'\nTRL 1.16 RLOOTrainer (2 CPU cores, DESIGN §9): {PEER_SECONDS[0]}–{PEER_SECONDS[1]} s/step; '
-        f'ours / {peer} s = {total / peer:.2f} (speed-up {peer / total:.1f}×)')
-  print('Goal: ≤ 2 s/step on 8 × 8 × 64, bench (DESIGN §9). A shared CPU slows every figure.')
+  print(f'{"total":<9} {total:>8.4f}         median of {len(timed)} step(s); range {min(totals):.2f}–'
+        f'{max(totals):.2f} s; rollout {facts["generated"] / seconds["rollout"]:.0f} generated tokens/s')
+  flops = step_flops(model_config, lengths, args.k, args.new_tokens)
+  peak = matmul_peak_flops()
+  floor = {name: value / peak for name, value in flops.items()}
+  print(f'\nmodel FLOPs: rollout {flops["rollout"] / 1e9:.1f} G, update {flops["update"] / 1e9:.1f} G; at the '
+        f'measured fp32 matmul peak {peak / 1e9:.0f} GFLOP/s the floor is {sum(floor.values()):.2f} s '
+        f'(rollout {floor["rollout"]:.2f}, update {floor["update"]:.2f}); ours is {sum(floor.values()) / total:.0%} '
+        f'of it (rollout {floor["rollout"] / seconds["rollout"]:.0%}, update {floor["update"] / seconds["update"]:.0%})')
+  if peer_seconds:
+    theirs = statistics.median(peer_seconds)
+    print(f'TRL {trl.__version__} RLOOTrainer, same run, alternating: {theirs:.2f} s/step (range '
+          f'{min(peer_seconds):.2f}–{max(peer_seconds):.2f}, {len(peer_seconds)} steps); ours / TRL = '
+          f'{total / theirs:.2f} (speed-up {theirs / total:.2f}×); TRL is {sum(floor.values()) / theirs:.0%} of the floor')
 
 
 if __name__ == '__main__':

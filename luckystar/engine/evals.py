@@ -119,24 +119,18 @@ def text_respond(fn: TextModel, tokenizer: Tokenizer) -> Respond:
 
 def model_respond(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, settings: Any) -> Respond:
   """A Respond over a luckystar model: rollouts with the tool loop (the calculator; NL2SQL rows run their
-  SQL in the sandbox), `settings.batch_size` at a time, within its max_new_tokens and tool limits; example
-  n is row n under key(seed) (`sampling`'s per-row draws: its tokens do not depend on the batch size). A
-  progress bar ('eval <mode>') counts the prompts on process 0."""
+  SQL in the sandbox) in `settings.batch_size` decode slots, each refilled with the next prompt as one ends,
+  within its max_new_tokens and tool limits; example n is row n under key(seed) (`sampling`'s per-row draws:
+  its tokens do not depend on the batch size). A progress bar ('eval <mode>') counts the prompts on process 0."""
   def respond(examples, mode, temperature=0.0, seed=0):
-    rollouts = []
-    bar = tqdm.tqdm(total=len(examples), desc=f'eval {mode}' + (' sampled' if temperature > 0 else ''),
-                    unit='prompt', leave=False, dynamic_ncols=True, disable=jax.process_index() != 0)
-    for start in range(0, len(examples), settings.batch_size):
-      batch = examples[start:start + settings.batch_size]
-      rendered = [rollouts_lib.render_prompt(tokenizer, e, mode) for e in batch]
-      rollouts += sampling.rollout(
-          model_config, params, tokenizer, rendered, tool_fn=rollouts_lib.task_tools(batch),
+    rendered = [rollouts_lib.render_prompt(tokenizer, e, mode) for e in examples]
+    with tqdm.tqdm(total=len(examples), desc=f'eval {mode}' + (' sampled' if temperature > 0 else ''),
+                   unit='prompt', leave=False, dynamic_ncols=True, disable=jax.process_index() != 0) as bar:
+      return sampling.rollout(
+          model_config, params, tokenizer, rendered, tool_fn=rollouts_lib.task_tools(examples),
           max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
-          max_new_tokens=settings.max_new_tokens, temperature=temperature,
-          rng=jax.random.key(seed), row_ids=range(start, start + len(batch)))
-      bar.update(len(batch))
-    bar.close()
-    return rollouts
+          max_new_tokens=settings.max_new_tokens, temperature=temperature, rng=jax.random.key(seed),
+          slots=settings.batch_size, progress=bar.update)
   return respond
 
 

@@ -6,7 +6,7 @@ task's verifier.
 """
 
 import dataclasses
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import jax
 import tqdm
@@ -47,10 +47,11 @@ def generate_and_score(model_config: model.ModelConfig, params: Any, tokenizer: 
                        prompts: Sequence[Sequence[int]], rng: jax.Array, *, samples_per_prompt: int,
                        sampling_settings: Any, max_tool_turns: int, max_tool_result_tokens: int,
                        language_penalty: float, drop_overlong: bool, judge: Any = None,
-                       first_row: int = 0) -> list[list[Scored]]:
+                       first_row: int = 0, slots: int | None = None, progress: Any = None) -> list[list[Scored]]:
   """`samples_per_prompt` rollouts of each prompt, scored by the verifiers: [prompts][k].
 
-  Rollout j of prompt i is row first_row + i·k + j, the global id that keys its draws (`sampling`).
+  Rollout j of prompt i is row first_row + i·k + j, the global id that keys its draws (`sampling`);
+  `slots` and `progress` are `sampling.rollout`'s (default a slot per rollout).
   sampling_settings: temperature, top_k, top_p, max_new_tokens (`config.sampling`). With
   `drop_overlong`, an overlong rollout gets reward None (out of RLOO's baseline and loss). judge: the
   stage's LLM judge (`engine.judging.make`), asked where the rules cannot decide; None: rules only."""
@@ -60,7 +61,7 @@ def generate_and_score(model_config: model.ModelConfig, params: Any, tokenizer: 
       max_new_tokens=sampling_settings.max_new_tokens, tool_fn=task_tools([examples[i] for i in rows]),
       max_tool_turns=max_tool_turns, max_tool_result_tokens=max_tool_result_tokens,
       temperature=sampling_settings.temperature, top_k=sampling_settings.top_k, top_p=sampling_settings.top_p,
-      row_ids=range(first_row, first_row + len(rows)))
+      row_ids=range(first_row, first_row + len(rows)), slots=slots, progress=progress)
   groups = [[] for _ in examples]
   for i, rollout in zip(rows, results):
     verdict = reward_lib.score(examples[i], rollout.final_turn, rollout.actions,
@@ -73,15 +74,15 @@ def generate_and_score(model_config: model.ModelConfig, params: Any, tokenizer: 
 
 def sample_groups(model_config: model.ModelConfig, params: Any, tokenizer: Tokenizer, examples: Sequence[Example],
                   rng: jax.Array, *, batch_rows: int, samples_per_prompt: int, mode: str = 'reasoning',
-                  desc: str = 'sampling', **options) -> Iterator[tuple[Example, list[int], list[Scored]]]:
-  """(example, prompt, its `samples_per_prompt` scored rollouts) for each of `examples` in `mode`,
-  about `batch_rows` rollouts a `generate_and_score` call (`options`: its keyword settings); rollout j of
-  example n is row n·k + j under `rng`, so its tokens do not depend on `batch_rows`. A progress bar on
-  process 0."""
-  chunk = max(1, batch_rows // samples_per_prompt)
-  for start in tqdm.trange(0, len(examples), chunk, desc=desc, unit='batch', disable=jax.process_index() != 0):
-    batch = examples[start:start + chunk]
-    prompts = [render_prompt(tokenizer, e, mode) for e in batch]
-    groups = generate_and_score(model_config, params, tokenizer, batch, prompts, rng,
-                                samples_per_prompt=samples_per_prompt, first_row=start * samples_per_prompt, **options)
-    yield from zip(batch, prompts, groups)
+                  desc: str = 'sampling', **options) -> list[tuple[Example, list[int], list[Scored]]]:
+  """(example, prompt, its `samples_per_prompt` scored rollouts) for each of `examples` in `mode`
+  (`options`: `generate_and_score`'s keyword settings): one continuously batched call in `batch_rows`
+  decode slots, each refilled with the next rollout as one ends. Rollout j of example n is row n·k + j
+  under `rng`, so its tokens do not depend on `batch_rows`. A progress bar of rollouts on process 0."""
+  prompts = [render_prompt(tokenizer, e, mode) for e in examples]
+  with tqdm.tqdm(total=len(examples) * samples_per_prompt, desc=desc, unit='rollout', dynamic_ncols=True,
+                 disable=jax.process_index() != 0) as bar:
+    groups = generate_and_score(model_config, params, tokenizer, examples, prompts, rng,
+                                samples_per_prompt=samples_per_prompt, slots=batch_rows, progress=bar.update,
+                                **options)
+  return list(zip(examples, prompts, groups))

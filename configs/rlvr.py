@@ -10,7 +10,7 @@ penalty·language mismatch), and takes one RLOO update. Held-out correctness and
 reasoning mode, greedy; `eval/sampled/*`, pass@1 of 2 draws at the sampling temperature;
 `eval_prompts` prompts with the RL task/language mix) are logged at step 0 and at the end.
 Re-running the same command on the same workdir resumes.
-Expected on 2 CPU cores: ~12 min; held-out greedy correctness 59% → 65.5% (docs/rl.md).
+Expected on 2 CPU cores: ~9 min; held-out greedy correctness 56.5% → 62.0% (docs/rl.md).
 
 `:smoke` (tests): 3 steps on 2 prompts × 4 samples with short replies.
 """

@@ -470,7 +470,9 @@ def test_rollouts_keep_their_cache_across_tool_turns_and_slots():
   tool_fn = lambda row, action: 'x ' * (row + 1)
   options = dict(rng=jax.random.key(2), max_new_tokens=40, tool_fn=tool_fn, max_tool_turns=2, temperature=1.0,
                  length_multiple=16)
-  few = sampling.rollout(decoder, params, TOKENIZER, prompts, slots=2, **options)
+  ended = []
+  few = sampling.rollout(decoder, params, TOKENIZER, prompts, slots=2, progress=ended.append, **options)
+  assert sum(ended) == len(prompts) and len(ended) > 2   # reported as rows end
   assert sum(len(r.tool_results) for r in few) >= 4 and len({len(r.token_ids) for r in few}) > 1
   for a, b in zip(few, sampling.rollout(decoder, params, TOKENIZER, prompts, **options)):
     np.testing.assert_array_equal(a.token_ids, b.token_ids)

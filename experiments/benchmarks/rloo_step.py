@@ -1,7 +1,7 @@
 """One RLOO step of the RLVR stage: seconds per step and its split into rollout / scoring / update (DESIGN §9).
 
     python experiments/benchmarks/rloo_step.py                     # 8 prompts × 8 rollouts × 64 new tokens, bench
-    python experiments/benchmarks/rloo_step.py --prompts=2 --k=2 --new_tokens=8 --steps=1   # a quick check
+    python experiments/benchmarks/rloo_step.py --prompts=2 --k=2 --new_tokens=8 --steps=1 --peer=none  # a quick check
 
 (with luckystar installed, `pip install -e .`, or PYTHONPATH=. from the repository root)
 
@@ -16,7 +16,7 @@ round-robin over --tasks. Each step, as the training loop runs it, is timed in f
   batch     `rloo.training_batch` (RLOO advantages, padded rows), `rloo.rollout_metrics`, `put_batch`
   update    the compiled `step.make_update_fn(rloo.loss_fn, ...)`: forward, backward, clipping, AdamW
 One warm-up step first (it compiles the sampler and the update; printed apart), then the step with the
-median total of --steps steps, with its split (compiling for a new batch shape, should one appear, is
+median total of --steps steps (5), with its split (compiling for a new batch shape, should one appear, is
 printed apart and left out). A random model almost never emits a stop token, so rollouts run to the
 budget and are dropped as overlong (zero advantages): the update's arithmetic is the same.
 Our rendered prompts (chat template, system turn) are longer than a bare question; the prompt
@@ -29,8 +29,10 @@ word i is token i), k generations of exactly --new_tokens tokens (`min_new_token
 runs every rollout to its budget), temperature 1, no KL term (beta 0, as configs/rlvr.py), no gradient
 checkpointing, one optimizer step per generation batch, no logging, saving or eval inside a step. One
 TRL step and one of ours alternate (a callback runs ours between TRL's steps, outside its timed window),
---rounds times after a warm-up each; medians, spreads and the ratio are printed, with the step's model
+--steps times after a warm-up each; medians, spreads and the ratio are printed, with the step's model
 FLOPs and the floor they imply at the fp32 matmul peak measured in this run (jax, 2,048² matmuls).
+Then the plain sampler (`sampling.sample`) on the step's rollout rows, same new tokens and temperature,
+one prefill per row and no tool loop, and the share of its tokens/s that the step's rollout reaches.
 """
 
 import argparse
@@ -47,6 +49,7 @@ import numpy as np
 
 from luckystar import config as config_lib
 from luckystar import model
+from luckystar import sampling
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.interop import hf as hf_lib
 from luckystar.model import sharding
@@ -129,6 +132,24 @@ def step_flops(model_config: model.ModelConfig, prompt_lengths: list[int], k: in
   update = 3 * k * sum(sum(2 * params + attention(t + 1) for t in range(length + new_tokens))
                        for length in prompt_lengths)
   return {'rollout': rollout, 'update': update}
+
+
+def plain_sampler_tokens_per_second(model_config: model.ModelConfig, params, tokenizer, prompts: list[list[int]],
+                                    k: int, settings, repeats: int = 3) -> float:
+  """Generated tokens/s of `sampling.sample` on the step's rollout rows (prompt i's k samples as rows i·k + j),
+  median of `repeats` after a compiling run."""
+  rows = [p for p in prompts for _ in range(k)]
+  run = lambda: jax.device_get(sampling.sample(
+      model_config, params, rows, rng=jax.random.key(0), max_new_tokens=settings.max_new_tokens,
+      temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p, stop_ids=tokenizer.stop_ids,
+      length_multiple=64))
+  run()
+  rates = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    out = run()
+    rates.append(int(out.lengths.sum()) / (time.perf_counter() - start))
+  return statistics.median(rates)
 
 
 def trl_trainer(model_config: model.ModelConfig, params, prompts: list[list[int]], k: int, new_tokens: int,
@@ -289,6 +310,11 @@ def main():
     print(f'(and {seconds["compile"]:.2f} s compiling the update for a new batch shape, not counted)')
   print(f'{"total":<9} {total:>8.4f}         median of {len(timed)} step(s); range {min(totals):.2f}–'
         f'{max(totals):.2f} s; rollout {facts["generated"] / seconds["rollout"]:.0f} generated tokens/s')
+  sampler = plain_sampler_tokens_per_second(model_config, state.params, tokenizer, prompts, args.k, config.sampling)
+  print(f'the plain sampler on the same work (`sampling.sample`: these {len(prompts) * args.k} rows, '
+        f'{args.new_tokens} new tokens, temperature {config.sampling.temperature}, one prefill per row, no tool loop): '
+        f'{sampler:.0f} tokens/s; the step\'s rollout reaches '
+        f'{facts["generated"] / seconds["rollout"] / sampler:.0%} of it')
   flops = step_flops(model_config, lengths, args.k, args.new_tokens)
   peak = matmul_peak_flops()
   floor = {name: value / peak for name, value in flops.items()}

@@ -13,9 +13,10 @@ are 2 · 4 · 32k² · 4 B ≈ 34 GB). Prints a markdown table; the ratios are t
 
     python experiments/benchmarks/attention.py --bench_step [--lengths=128,256,512,1024,2048]
 
-instead times the whole SFT update of the `bench` model (`sft_step.ours_step_seconds`: AdamW, one jit)
-with each backend at every length, rows × T = 2,048 tokens per step, xla and blockwise alternating for
---rounds rounds (each a median of --repeats steps): the measurement behind `attention_impl='auto'` on CPU.
+instead times the whole SFT update of the `bench` model (`sft_step.ours_step`: AdamW, one jit)
+with each backend at every length, rows × T = 2,048 tokens per step, xla and blockwise alternating step by
+step (`sft_step.alternate`, --rounds × --repeats steps each): the measurement behind `attention_impl='auto'`
+on CPU.
 """
 
 import argparse
@@ -73,12 +74,9 @@ def bench_step(lengths: list[int], rounds: int, repeats: int) -> None:
   print('|---|---|---|---|---|')
   for length in lengths:
     rows = max(1, 2048 // length)
-    times = {'xla': [], 'blockwise': []}
-    for _ in range(rounds):
-      for impl in times:
-        config = model.get('bench', attention_impl=impl)
-        times[impl].append(sft_step.ours_step_seconds(config, sft_step.synthetic_batch(config, rows, length),
-                                                      steps=repeats, warmup=2))
+    configs = {impl: model.get('bench', attention_impl=impl) for impl in ('xla', 'blockwise')}
+    times = sft_step.alternate({impl: sft_step.ours_step(config, sft_step.synthetic_batch(config, rows, length))
+                                for impl, config in configs.items()}, steps=rounds * repeats, warmup=2)
     spread = lambda t: f'{statistics.median(t):.3f} ({min(t):.3f}–{max(t):.3f})'
     ratio = statistics.median(times['xla']) / statistics.median(times['blockwise'])
     print(f"| {length:,} | {rows} | {spread(times['xla'])} | {spread(times['blockwise'])} | {ratio:.2f}× |",

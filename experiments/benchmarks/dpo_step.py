@@ -14,21 +14,24 @@ rejected reply of --reply_tokens random tokens each (mask 1), so every row has p
 (`dpo.pair_batch`, no padding). The reference log-probs are computed once beforehand by
 `dpo.compute_reference_logps` from the starting params and sit in the batch, as the stage's
 cache puts them there: the timed step runs no reference model (TRL's `precompute_ref_log_probs`).
-Reported: the one-off reference pass, the compile, and the median of --steps update steps after
---warmup (each blocks until its metrics are on the host).
-Peers: TRL `DPOTrainer` as DESIGN §9 measured it (8 pairs of 32 + 64 + 64 tokens, cached reference, a
-random Cohere2 of the `bench` shape: vocab 8000, hidden 256, MLP 1024, 4 layers, 4 heads, 1 KV head =
-5.85M params, fp32, 2 CPU cores): 0.60 s per step; goal ≤ 0.3 s. And, measured in this run on the same
-batch (so a busy CPU slows both alike), the computation inside TRL's step in plain torch: a
-transformers `Cohere2ForCausalLM` of the same shape (`sft_step.torch_peer`, torch AdamW), one forward
-of the 2·pairs rows, summed response log-probs, the sigmoid loss against the same cached reference,
-backward, clipping, AdamW (TRL's own overhead is not in it, so it is a lower bound on TRL's time).
+Reported: the one-off reference pass, the compile, and the medians of --steps update steps of each side
+after --warmup (each blocks until its metrics are on the host), the sides alternating step by step.
+Peers, on the same weights and batch in the same run: TRL's `DPOTrainer` (when installed, `pip install -e
+".[bench]"`; `--peer=none` skips it) with `precompute_ref_log_probs` (the reference pass runs before training,
+outside the timed steps), sigmoid loss, β = 0.1, fp32 on 2 torch threads, the pairs as token ids
+(`sft_step.word_tokenizer`), no logging, saving or eval inside a step; TRL appends an EOS token to each reply,
+one more token than ours. And the computation inside TRL's step in plain torch: a transformers
+`Cohere2ForCausalLM` with our weights (`sft_step.hf_model`, torch AdamW), one forward of the 2·pairs rows,
+summed response log-probs, the sigmoid loss against the same cached reference, backward, clipping, AdamW
+(TRL's own overhead is not in it, so it is a lower bound on TRL's time). TRL's steps are timed by a callback;
+between two of them the other sides take one step each.
 """
 
 import argparse
 import functools
 import os
 import pathlib
+import tempfile
 import time
 
 import jax
@@ -45,7 +48,6 @@ from luckystar.engine import step as step_lib
 import sft_step  # the same-run torch peer, built as the SFT benchmark builds it (this file's directory)
 
 DPO_CONFIG = pathlib.Path(__file__).resolve().parents[2] / 'configs' / 'dpo.py'
-PEER_SECONDS = 0.60  # TRL DPOTrainer, cached reference, DESIGN §9
 GOAL_SECONDS = 0.3
 
 
@@ -71,11 +73,12 @@ def synthetic_pairs(vocab_size: int, count: int, prompt_tokens: int, reply_token
   return pairs
 
 
-def torch_step_seconds(config: model.ModelConfig, batch: dict[str, np.ndarray], beta: float, steps: int,
-                       warmup: int) -> float:
-  """Median seconds of the plain-torch DPO step (module docstring) on `batch` (`dpo.pair_batch`'s layout)."""
+def torch_step(config: model.ModelConfig, params, batch: dict[str, np.ndarray], beta: float):
+  """One plain-torch DPO step (module docstring) on `batch` (`dpo.pair_batch`'s layout) per call."""
   import torch  # pylint: disable=g-import-not-at-top
-  peer, optimizer = sft_step.torch_peer(config)
+  peer = sft_step.hf_model(config, params)
+  optimizer = torch.optim.AdamW(peer.parameters(), lr=sft_step.OPTIMIZER['learning_rate'], betas=(0.9, 0.95),
+                                weight_decay=sft_step.OPTIMIZER['weight_decay'])
   rows = {k: torch.from_numpy(np.array(v)).long() for k, v in dpo.flatten_pairs(
       {k: np.asarray(v) for k, v in batch.items() if k != 'reference_logps'}).items()}   # [2B, T]
   mask = rows['loss_mask'][:, 1:].float()
@@ -92,7 +95,43 @@ def torch_step_seconds(config: model.ModelConfig, batch: dict[str, np.ndarray], 
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
-  return sft_step._median_seconds(step, steps, warmup)  # pylint: disable=protected-access
+  return step
+
+
+def trl_trainer(config: model.ModelConfig, params, pairs: list[dict], prompt_tokens: int, beta: float, steps: int,
+                between, workdir: str):
+  """TRL's DPOTrainer on `params` and `pairs` (module docstring); `between()` runs after each of its steps.
+  Returns (trainer, list of its step seconds)."""
+  import datasets  # pylint: disable=g-import-not-at-top
+  import torch
+  import transformers
+  import trl
+  torch.set_num_threads(2)
+  records = {'prompt': [], 'chosen': [], 'rejected': []}
+  for pair in pairs:
+    records['prompt'].append(sft_step.as_words(pair['chosen_tokens'][:prompt_tokens]))
+    for side in ('chosen', 'rejected'):
+      records[side].append(sft_step.as_words(pair[f'{side}_tokens'][prompt_tokens:]))
+  settings = trl.DPOConfig(
+      output_dir=workdir, per_device_train_batch_size=len(pairs), gradient_accumulation_steps=1, beta=beta,
+      loss_type=['sigmoid'], precompute_ref_log_probs=True, max_steps=steps, num_train_epochs=steps,
+      learning_rate=sft_step.OPTIMIZER['learning_rate'], gradient_checkpointing=False, bf16=False, fp16=False,
+      use_cpu=True, logging_strategy='no', save_strategy='no', eval_strategy='no', report_to='none',
+      dataloader_num_workers=0, disable_tqdm=True, seed=0)
+  seconds = []
+
+  class Alternate(transformers.TrainerCallback):
+    def on_step_begin(self, args, state, control, **kwargs):
+      self.start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+      seconds.append(time.perf_counter() - self.start)
+      between()
+
+  trainer = trl.DPOTrainer(model=sft_step.hf_model(config, params), args=settings,
+                           train_dataset=datasets.Dataset.from_dict(records),
+                           processing_class=sft_step.word_tokenizer(config.vocab_size), callbacks=[Alternate()])
+  return trainer, seconds
 
 
 def main():
@@ -101,9 +140,10 @@ def main():
   parser.add_argument('--prompt_tokens', type=int, default=32)
   parser.add_argument('--reply_tokens', type=int, default=64, help='tokens of each of the chosen and rejected replies')
   parser.add_argument('--size', default='bench')
-  parser.add_argument('--steps', type=int, default=10, help='timed steps (median reported)')
+  parser.add_argument('--steps', type=int, default=5, help='timed steps of each side (medians reported)')
   parser.add_argument('--warmup', type=int, default=2)
   parser.add_argument('--no_torch', action='store_true', help='skip the same-run torch peer')
+  parser.add_argument('--peer', default='trl', choices=('trl', 'none'))
   args = parser.parse_args()
 
   config = stage_config(args.size, args.pairs)
@@ -130,14 +170,38 @@ def main():
   compiled = update_fn.lower(state, batch, rng).compile()
   compile_seconds = time.perf_counter() - start
 
-  times = []
-  for i in range(args.warmup + args.steps):
-    start = time.perf_counter()
+  def ours():
+    nonlocal state, metrics
     state, metrics = compiled(state, batch, rng)
     metrics = jax.device_get(metrics)
-    if i >= args.warmup:
-      times.append(time.perf_counter() - start)
-  seconds = float(np.median(times))
+
+  metrics = None
+  runs = {'ours': ours}
+  if not args.no_torch:
+    runs['torch'] = torch_step(model_config, state.params, host_batch, settings.beta)
+  times = sft_step.alternate(runs, 0, args.warmup)   # warm-up only
+  peer = args.peer
+  if peer == 'trl':
+    try:
+      import trl  # pylint: disable=g-import-not-at-top,unused-import
+    except ImportError:
+      print('TRL is not installed (pip install -e ".[bench]"): no TRL peer this run')
+      peer = 'none'
+  peer_seconds = []
+  if peer == 'trl':
+    def between():   # after TRL's warm-up step, one step of each other side per TRL step
+      if len(peer_seconds) > 1:
+        for name, run in runs.items():
+          times[name].append(sft_step._timed(run))  # pylint: disable=protected-access
+
+    with tempfile.TemporaryDirectory() as workdir:
+      trainer, peer_seconds = trl_trainer(model_config, state.params, pairs, args.prompt_tokens, settings.beta,
+                                          args.steps + 1, between, workdir)
+      trainer.train()
+    peer_seconds = peer_seconds[1:]
+  else:
+    times = sft_step.alternate(runs, args.steps, 0)
+  seconds = float(np.median(times['ours']))
 
   rows, length = 2 * args.pairs, args.prompt_tokens + args.reply_tokens
   print(f'devices: {jax.device_count()} × {jax.devices()[0].device_kind}, {os.cpu_count()} CPU cores '
@@ -149,15 +213,18 @@ def main():
         f'{compile_seconds:.2f} s')
   print(f'last step: loss {metrics["train/loss"]:.4f}, rewards/margins {metrics["train/rewards/margins"]:.4f} '
         f'(after {args.warmup + args.steps} updates on the same batch)\n')
-  spread = f'; range {min(times):.3f}–{max(times):.3f} s' if len(times) > 1 else ''
-  print(f'ours (luckystar dpo, cached reference): {seconds:.3f} s/step  median of {len(times)}{spread}; '
+  spread = lambda t: f'median of {len(t)}; range {min(t):.3f}–{max(t):.3f} s'
+  print(f'ours (luckystar dpo, cached reference): {seconds:.3f} s/step  {spread(times["ours"])}; '
         f'{rows * length / seconds:.0f} tokens/s')
-  if not args.no_torch:
-    torch_seconds = torch_step_seconds(model_config, host_batch, settings.beta, args.steps, args.warmup)
-    print(f'plain torch DPO step, this run (TRL minus its overhead): {torch_seconds:.3f} s/step; '
-          f'speed-up {torch_seconds / seconds:.2f}×')
-  print(f'TRL DPOTrainer (cached reference, DESIGN §9): {PEER_SECONDS:.2f} s/step; ours / TRL = '
-        f'{seconds / PEER_SECONDS:.2f} (speed-up {PEER_SECONDS / seconds:.1f}×)')
+  if 'torch' in times:
+    torch_seconds = float(np.median(times['torch']))
+    print(f'plain torch DPO step, same run (TRL minus its overhead): {torch_seconds:.3f} s/step  '
+          f'{spread(times["torch"])}; ours / torch = {seconds / torch_seconds:.2f} (speed-up '
+          f'{torch_seconds / seconds:.2f}×)')
+  if peer_seconds:
+    theirs = float(np.median(peer_seconds))
+    print(f'TRL {trl.__version__} DPOTrainer, same run (cached reference): {theirs:.3f} s/step  '
+          f'{spread(peer_seconds)}; ours / TRL = {seconds / theirs:.2f} (speed-up {theirs / seconds:.2f}×)')
   print(f'Goal: ≤ {GOAL_SECONDS} s/step (DESIGN §9). A shared CPU slows every figure.')
 
 

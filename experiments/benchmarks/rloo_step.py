@@ -23,12 +23,13 @@ Our rendered prompts (chat template, system turn) are longer than a bare questio
 lengths are printed, and the peer gets the very same token ids.
 
 Peer, in the same run (`--peer=trl`, the default, when TRL is installed: `pip install -e ".[bench]"`): TRL's
-`RLOOTrainer` on our random weights (exported with `interop.hf.params_to_hf` into a transformers
-`Cohere2ForCausalLM`), fp32 on 2 torch threads, the same prompts as token ids (a word-level tokenizer whose
-word i is token i), k generations of exactly --new_tokens tokens (`min_new_tokens`, as our random model
-runs every rollout to its budget), temperature 1, no KL term (beta 0, as configs/rlvr.py), no gradient
-checkpointing, one optimizer step per generation batch, no logging, saving or eval inside a step. One
-TRL step and one of ours alternate (a callback runs ours between TRL's steps, outside its timed window),
+`RLOOTrainer` on our random weights (`sft_step.hf_model`: exported with `interop.hf.params_to_hf` into a
+transformers `Cohere2ForCausalLM`), fp32 on 2 torch threads, the same prompts as token ids
+(`sft_step.word_tokenizer`: its word i is token i), k generations of exactly --new_tokens tokens
+(`min_new_tokens`, as our random model runs every rollout to its budget), temperature 1, no KL term (beta 0,
+as configs/rlvr.py), no gradient checkpointing, one optimizer step per generation batch, no logging, saving
+or eval inside a step. One TRL step and one of ours alternate (a callback runs ours between TRL's steps,
+outside its timed window),
 --steps times after a warm-up each; medians, spreads and the ratio are printed, with the step's model
 FLOPs and the floor they imply at the fp32 matmul peak measured in this run (jax, 2,048² matmuls).
 Then the plain sampler (`sampling.sample`) on the step's rollout rows, same new tokens and temperature,
@@ -51,13 +52,14 @@ from luckystar import config as config_lib
 from luckystar import model
 from luckystar import sampling
 from luckystar import tokenizer as tokenizer_lib
-from luckystar.interop import hf as hf_lib
 from luckystar.model import sharding
 from luckystar.rewards import reward as reward_lib
 from luckystar.engine import optim, rollouts
 from luckystar.stages import rlvr as rloo
 from luckystar.engine import state as state_lib
 from luckystar.engine import step as step_lib
+
+import sft_step  # the same-run peers' shared parts (this file's directory)
 
 RLVR_CONFIG = pathlib.Path(__file__).resolve().parents[2] / 'configs' / 'rlvr.py'
 PHASES = ('rollout', 'scoring', 'batch', 'update')
@@ -157,24 +159,13 @@ def trl_trainer(model_config: model.ModelConfig, params, prompts: list[list[int]
   """TRL's RLOOTrainer on `params` and `prompts` (module docstring); `between()` runs after each of its steps.
   Returns (trainer, list of its step seconds)."""
   import datasets  # pylint: disable=g-import-not-at-top
-  import tokenizers
   import torch
   import transformers
   import trl
   torch.set_num_threads(2)
-  hf_config = transformers.Cohere2Config(**{k: v for k, v in hf_lib.config_to_hf(model_config).items()
-                                            if k not in ('architectures', 'model_type')})
-  peer = transformers.Cohere2ForCausalLM(hf_config)
-  tensors = {name: torch.from_numpy(np.array(value, np.float32))
-             for name, value in hf_lib.params_to_hf(params, model_config).items()}
-  missing, unexpected = peer.load_state_dict(tensors, strict=False)
-  assert not unexpected and set(missing) <= {'lm_head.weight'}, (missing, unexpected)   # tied to the embedding
-  words = tokenizers.Tokenizer(tokenizers.models.WordLevel({f't{i}': i for i in range(model_config.vocab_size)},
-                                                           unk_token='t0'))
-  words.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-  tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=words, pad_token='t0', eos_token='t5',
-                                                   padding_side='left')
-  dataset = datasets.Dataset.from_dict({'prompt': [' '.join(f't{i}' for i in p) for p in prompts]})
+  peer = sft_step.hf_model(model_config, params)
+  tokenizer = sft_step.word_tokenizer(model_config.vocab_size)
+  dataset = datasets.Dataset.from_dict({'prompt': [sft_step.as_words(p) for p in prompts]})
   config = trl.RLOOConfig(
       output_dir=workdir, per_device_train_batch_size=k * len(prompts), gradient_accumulation_steps=1,
       steps_per_generation=1, num_generations=k, max_completion_length=new_tokens, temperature=temperature,
@@ -291,7 +282,7 @@ def main():
       peer = 'none'
   if peer == 'trl':
     with tempfile.TemporaryDirectory() as workdir:
-      trainer, peer_seconds = trl_trainer(model_config, jax.device_get(state.params), prompts, args.k,
+      trainer, peer_seconds = trl_trainer(model_config, state.params, prompts, args.k,
                                           args.new_tokens, config.sampling.temperature, args.steps + 1,
                                           timed_step, workdir)
       trainer.train()    # TRL's first step is its warm-up; ours runs after each of its steps

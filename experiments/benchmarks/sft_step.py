@@ -105,48 +105,88 @@ def compiled_update(config: model.ModelConfig, batch: dict[str, np.ndarray]):
   return compiled, state, device_batch, rng
 
 
-def ours_step_seconds(config: model.ModelConfig, batch: dict[str, np.ndarray], steps: int, warmup: int) -> float:
+def ours_step(config: model.ModelConfig, batch: dict[str, np.ndarray]):
+  """One SFT update per call, blocking until its metrics are ready (the state carried between calls)."""
   compiled, state, device_batch, rng = compiled_update(config, batch)
-  for _ in range(warmup):
-    state, metrics = compiled(state, device_batch, rng)
-  jax.block_until_ready(metrics)
-  times = []
-  for _ in range(steps):
-    start = time.perf_counter()
+
+  def run():
+    nonlocal state
     state, metrics = compiled(state, device_batch, rng)
     jax.block_until_ready(metrics)
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
+
+  return run
+
+
+def alternate(runs: dict, steps: int, warmup: int) -> dict[str, list[float]]:
+  """Seconds of each of `runs` (name → a blocking step), `warmup` calls each first, then one step of each in
+  turn, `steps` times: a busy CPU slows every side alike."""
+  for run in runs.values():
+    for _ in range(warmup):
+      run()
+  times = {name: [] for name in runs}
+  for _ in range(steps):
+    for name, run in runs.items():
+      times[name].append(_timed(run))
+  return times
 
 
 def torch_peer(config: model.ModelConfig):
   """A transformers Cohere2ForCausalLM of config's shape in train mode and its torch AdamW (seed 0)."""
   import torch  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
-  from luckystar.interop import hf  # pylint: disable=g-import-not-at-top  # here: it imports AQT (gpu.py runs without)
-  torch.manual_seed(0)
   torch.set_num_threads(os.cpu_count())
-  hf_config = transformers.Cohere2Config(pad_token_id=0, bos_token_id=2, eos_token_id=3, **{
-      k: v for k, v in hf.config_to_hf(config).items() if k not in ('model_type', 'architectures')})
-  peer = transformers.Cohere2ForCausalLM(hf_config).train()
+  peer = hf_model(config)
   optimizer = torch.optim.AdamW(peer.parameters(), lr=OPTIMIZER['learning_rate'], betas=(0.9, 0.95),
                                 weight_decay=OPTIMIZER['weight_decay'])
   return peer, optimizer
 
 
-def torch_step_seconds(config: model.ModelConfig, batch: dict[str, np.ndarray], steps: int, warmup: int) -> float:
+def hf_model(config: model.ModelConfig, params=None):
+  """A transformers Cohere2ForCausalLM of config's shape (fp32, train mode), holding `params` (our tree,
+  exported with `interop.hf.params_to_hf`) or, without them, transformers' own random init (seed 0)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from luckystar.interop import hf  # pylint: disable=g-import-not-at-top  # here: it imports AQT (gpu.py runs without)
+  torch.manual_seed(0)
+  hf_config = transformers.Cohere2Config(pad_token_id=0, bos_token_id=2, eos_token_id=3, **{
+      k: v for k, v in hf.config_to_hf(config).items() if k not in ('model_type', 'architectures')})
+  peer = transformers.Cohere2ForCausalLM(hf_config).train()
+  if params is not None:
+    tensors = {name: torch.from_numpy(np.array(value, np.float32)) for name, value in hf.params_to_hf(
+        jax.device_get(params), config).items()}
+    missing, unexpected = peer.load_state_dict(tensors, strict=False)
+    assert not unexpected and set(missing) <= {'lm_head.weight'}, (missing, unexpected)  # tied to the embedding
+  return peer
+
+
+def word_tokenizer(vocab_size: int):
+  """A transformers tokenizer whose word `t<i>` is token i (left padding, pad 0, eos 5): TRL's trainers then
+  see exactly our token ids, written as text (`as_words`)."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  words = tokenizers.Tokenizer(tokenizers.models.WordLevel({f't{i}': i for i in range(vocab_size)}, unk_token='t0'))
+  words.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+  return transformers.PreTrainedTokenizerFast(tokenizer_object=words, pad_token='t0', eos_token='t5',
+                                              padding_side='left')
+
+
+def as_words(ids) -> str:
+  return ' '.join(f't{int(i)}' for i in ids)
+
+
+def torch_step(config: model.ModelConfig, batch: dict[str, np.ndarray]):
+  """One plain torch AdamW step of the transformers peer per call (forward with labels, backward, clip, step)."""
   import torch  # pylint: disable=g-import-not-at-top
   peer, optimizer = torch_peer(config)
   input_ids = torch.from_numpy(batch['tokens']).long()
 
-  def step():
+  def run():
     loss = peer(input_ids=input_ids, labels=input_ids).loss
     loss.backward()
     torch.nn.utils.clip_grad_norm_(peer.parameters(), OPTIMIZER['max_grad_norm'])
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
-  return _median_seconds(step, steps, warmup)
+  return run
 
 
 # ---- --breakdown: the step's parts timed alone ------------------------------------------------------
@@ -264,7 +304,7 @@ def main():
   parser.add_argument('--sizes', default='bench,small')
   parser.add_argument('--batch', type=int, default=8)
   parser.add_argument('--seq_len', type=int, default=256)
-  parser.add_argument('--steps', type=int, default=5, help='timed steps (median reported)')
+  parser.add_argument('--steps', type=int, default=5, help='timed steps of each side, alternating (medians)')
   parser.add_argument('--warmup', type=int, default=2)
   parser.add_argument('--no_torch', action='store_true', help='skip the torch peer')
   parser.add_argument('--breakdown', action='store_true',
@@ -280,9 +320,11 @@ def main():
     config = model.get(size)
     batch = synthetic_batch(config, args.batch, args.seq_len)
     flops = train_flops_per_step(config, args.batch, args.seq_len)
-    results = {'ours': ours_step_seconds(config, batch, args.steps, args.warmup)}
+    runs = {'ours': ours_step(config, batch)}
     if not args.no_torch:
-      results['torch'] = torch_step_seconds(config, batch, args.steps, args.warmup)
+      runs['torch'] = torch_step(config, batch)
+    times = alternate(runs, args.steps, args.warmup)
+    results = {impl: float(np.median(seconds)) for impl, seconds in times.items()}
     for impl, seconds in results.items():
       print(f'{size:<7} {model.param_count(config) / 1e6:>7.2f}M {impl:<7} {seconds:>8.3f} {tokens / seconds:>10.0f} '
             f'{flops / seconds / peak:>6.1%}')

@@ -104,7 +104,6 @@ def trl_trainer(config: model.ModelConfig, params, pairs: list[dict], prompt_tok
   Returns (trainer, list of its step seconds)."""
   import datasets  # pylint: disable=g-import-not-at-top
   import torch
-  import transformers
   import trl
   torch.set_num_threads(2)
   records = {'prompt': [], 'chosen': [], 'rejected': []}
@@ -115,22 +114,11 @@ def trl_trainer(config: model.ModelConfig, params, pairs: list[dict], prompt_tok
   settings = trl.DPOConfig(
       output_dir=workdir, per_device_train_batch_size=len(pairs), gradient_accumulation_steps=1, beta=beta,
       loss_type=['sigmoid'], precompute_ref_log_probs=True, max_steps=steps, num_train_epochs=steps,
-      learning_rate=sft_step.OPTIMIZER['learning_rate'], gradient_checkpointing=False, bf16=False, fp16=False,
-      use_cpu=True, logging_strategy='no', save_strategy='no', eval_strategy='no', report_to='none',
-      dataloader_num_workers=0, disable_tqdm=True, seed=0)
-  seconds = []
-
-  class Alternate(transformers.TrainerCallback):
-    def on_step_begin(self, args, state, control, **kwargs):
-      self.start = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-      seconds.append(time.perf_counter() - self.start)
-      between()
-
+      learning_rate=sft_step.OPTIMIZER['learning_rate'], **sft_step.TRL_ARGS)
+  timer, seconds = sft_step.timed_steps(between)
   trainer = trl.DPOTrainer(model=sft_step.hf_model(config, params), args=settings,
                            train_dataset=datasets.Dataset.from_dict(records),
-                           processing_class=sft_step.word_tokenizer(config.vocab_size), callbacks=[Alternate()])
+                           processing_class=sft_step.word_tokenizer(config.vocab_size), callbacks=[timer])
   return trainer, seconds
 
 

@@ -160,7 +160,6 @@ def trl_trainer(model_config: model.ModelConfig, params, prompts: list[list[int]
   Returns (trainer, list of its step seconds)."""
   import datasets  # pylint: disable=g-import-not-at-top
   import torch
-  import transformers
   import trl
   torch.set_num_threads(2)
   peer = sft_step.hf_model(model_config, params)
@@ -170,22 +169,11 @@ def trl_trainer(model_config: model.ModelConfig, params, prompts: list[list[int]
       output_dir=workdir, per_device_train_batch_size=k * len(prompts), gradient_accumulation_steps=1,
       steps_per_generation=1, num_generations=k, max_completion_length=new_tokens, temperature=temperature,
       generation_kwargs={'min_new_tokens': new_tokens}, beta=0.0, max_steps=steps, num_train_epochs=steps,
-      learning_rate=1e-5, gradient_checkpointing=False, bf16=False, fp16=False, use_cpu=True,
-      logging_strategy='no', save_strategy='no', eval_strategy='no', report_to='none', shuffle_dataset=False,
-      dataloader_num_workers=0, log_completions=False, disable_tqdm=True, seed=0)
-  seconds = []
-
-  class Alternate(transformers.TrainerCallback):
-    def on_step_begin(self, args, state, control, **kwargs):
-      self.start = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-      seconds.append(time.perf_counter() - self.start)
-      between()
-
+      learning_rate=1e-5, shuffle_dataset=False, log_completions=False, **sft_step.TRL_ARGS)
+  timer, seconds = sft_step.timed_steps(between)
   reward = lambda completions, **kwargs: [float(len(c) % 3) for c in completions]  # cheap, and rewards vary
   trainer = trl.RLOOTrainer(model=peer, reward_funcs=reward, args=config, train_dataset=dataset,
-                            processing_class=tokenizer, callbacks=[Alternate()])
+                            processing_class=tokenizer, callbacks=[timer])
   return trainer, seconds
 
 

@@ -169,6 +169,30 @@ def word_tokenizer(vocab_size: int):
                                               padding_side='left')
 
 
+# What a TRL trainer's config takes so that its steps are comparable with ours: fp32 on the CPU, no gradient
+# checkpointing, and no logging, saving, eval or progress bar inside the timed steps.
+TRL_ARGS = dict(gradient_checkpointing=False, bf16=False, fp16=False, use_cpu=True, logging_strategy='no',
+                save_strategy='no', eval_strategy='no', report_to='none', dataloader_num_workers=0,
+                disable_tqdm=True, seed=0)
+
+
+def timed_steps(between):
+  """(a transformers TrainerCallback, the list it fills with the seconds of each trainer step); `between()`
+  runs after each step, outside the timed window (the other sides' steps, alternating)."""
+  import transformers  # pylint: disable=g-import-not-at-top
+  seconds = []
+
+  class Timer(transformers.TrainerCallback):
+    def on_step_begin(self, args, state, control, **kwargs):
+      self.start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+      seconds.append(time.perf_counter() - self.start)
+      between()
+
+  return Timer(), seconds
+
+
 def as_words(ids) -> str:
   return ' '.join(f't{int(i)}' for i in ids)
 

@@ -489,9 +489,9 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
 def _admit_chunks(decoder: Decoder, params: Any, state: Any, feed: list[list[int]], fresh: np.ndarray,
                   continuing: np.ndarray, length_multiple: int) -> tuple[Array, Any] | None:
   """Runs `_admit` on the slots whose feed is more than a continuing row's last token: new prompts (identical
-  ones prefilled once) and spliced tool turns. Sizes are bucketed (rows to a power of two, widths to a power
-  of two up to length_multiple, then its multiples) so that a run reuses a few programs. None: nothing to
-  admit."""
+  ones prefilled once) and spliced tool turns. Sizes are bucketed (rows to a power of two, and a multiple of
+  the mesh's batch devices; widths to a power of two up to length_multiple, then its multiples) so that a run
+  reuses a few programs. None: nothing to admit."""
   chunks, sources, fresh_chunks, targets, picks, shared = [], [], [], [], [], {}
   for slot, tokens in enumerate(feed):
     if not tokens or continuing[slot]:
@@ -509,7 +509,7 @@ def _admit_chunks(decoder: Decoder, params: Any, state: Any, feed: list[list[int
   if not chunks:
     return None
   slots = len(feed)
-  rows, width = _power_of_two(len(chunks)), max(map(len, chunks))
+  rows, width = _round_up(_power_of_two(len(chunks)), _batch_devices()), max(map(len, chunks))
   width = _bucket(width, length_multiple) if width > length_multiple else _power_of_two(width)
   tokens = np.full((rows, width), PAD_ID, np.int32)
   for r, chunk in enumerate(chunks):

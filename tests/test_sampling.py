@@ -483,3 +483,24 @@ def test_rollouts_keep_their_cache_across_tool_turns_and_slots():
     generated = np.flatnonzero(r.loss_mask) + len(prompt)
     want = _token_logprobs(logits[generated - 1], sequence[generated])
     np.testing.assert_allclose(r.untruncated_logprobs[r.loss_mask == 1], want, atol=2e-4)
+
+
+def test_sharded_rollouts_with_refilled_slots_equal_one_device():
+  """Rollouts with tool turns in 4 slots for 8 rows, the batch split over a (2, 2, 2) mesh (slots refilled
+  and tool turns appended through the sharded cache): the same tokens as on one device."""
+  config = CONFIG.replace(vocab_size=TOKENIZER.vocab_size)
+  params = model.init(config, jax.random.key(6))
+  decoder = Nudged(sampling.CachedDecoder(config))
+  rng = np.random.default_rng(6)
+  prompts = [rng.integers(16, 8000, n).tolist() for n in (3, 9, 14, 6, 2, 11, 5, 8)]
+  options = dict(rng=jax.random.key(3), max_new_tokens=24, tool_fn=lambda row, action: 'y ' * (row % 3 + 1),
+                 max_tool_turns=2, temperature=1.0, length_multiple=16, slots=4)
+  alone = sampling.rollout(decoder, params, TOKENIZER, prompts, **options)
+  mesh = sharding.make_mesh((2, 2, 2))
+  with sharding.activate(mesh):
+    sharded = sampling.rollout(decoder, jax.device_put(params, model.param_shardings(config, mesh)), TOKENIZER,
+                               prompts, **options)
+  assert sum(len(r.tool_results) for r in alone) >= 4
+  for a, b in zip(sharded, alone):
+    np.testing.assert_array_equal(a.token_ids, b.token_ids)
+    np.testing.assert_allclose(a.untruncated_logprobs, b.untruncated_logprobs, atol=1e-5)

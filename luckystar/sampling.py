@@ -425,7 +425,8 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
 
   Continuous batching: the rows run in `slots` decode slots (default one per row; rounded up to a power
   of two), each with its own KV cache. A row keeps its slot across its tool turns, so resuming appends
-  only its spliced tool turn; a row that ends hands its slot to the next waiting prompt. The decode loop
+  only its spliced tool turn (tools run on the host between decode calls: a slot waiting on one costs no
+  decode work); a row that ends hands its slot to the next waiting prompt. The decode loop
   returns to the host once a quarter of the busy slots have stopped (to run their tools or refill them)
   or, with nothing to refill and no tools, once all have. Shapes are fixed for the call (slots, cache of
   the longest prompt + max_new_tokens rounded up to length_multiple; appended chunks a power of two up

@@ -47,7 +47,7 @@ from luckystar.tools.calls import parse_calls
 from luckystar.tools import sql as sql_tool
 
 Array = jax.Array
-PAD_ID = 0  # written after a row stops, and used to left-pad prompts (never attended to)
+PAD_ID = 0  # written after a row stops, and used to right-pad chunks (never attended to)
 ToolFn = Callable[[int, str], 'str | None']
 
 
@@ -490,9 +490,9 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
 def _admit_chunks(decoder: Decoder, params: Any, state: Any, feed: list[list[int]], fresh: np.ndarray,
                   continuing: np.ndarray, length_multiple: int) -> tuple[Array, Any] | None:
   """Runs `_admit` on the slots whose feed is more than a continuing row's last token: new prompts (identical
-  ones prefilled once) and spliced tool turns. Sizes are bucketed (rows to a power of two, and a multiple of
-  the mesh's batch devices; widths to a power of two up to length_multiple, then its multiples) so that a run
-  reuses a few programs. None: nothing to admit."""
+  ones prefilled once) and spliced tool turns. Sizes are bucketed (rows to a power of two, widths to a power
+  of two up to length_multiple, then its multiples) so that a run reuses a few programs. None: nothing to
+  admit."""
   chunks, sources, fresh_chunks, targets, picks, shared = [], [], [], [], [], {}
   for slot, tokens in enumerate(feed):
     if not tokens or continuing[slot]:
@@ -510,14 +510,13 @@ def _admit_chunks(decoder: Decoder, params: Any, state: Any, feed: list[list[int
   if not chunks:
     return None
   slots = len(feed)
-  rows, width = _round_up(_power_of_two(len(chunks)), _batch_devices()), max(map(len, chunks))
+  tokens, lengths = right_pad(chunks)
+  rows, width = _power_of_two(len(chunks)), tokens.shape[1]
   width = _bucket(width, length_multiple) if width > length_multiple else _power_of_two(width)
-  tokens = np.full((rows, width), PAD_ID, np.int32)
-  for r, chunk in enumerate(chunks):
-    tokens[r, :len(chunk)] = chunk
-  pad = lambda values, size, fill: np.array(values + [fill] * (size - len(values)), np.int32)
+  tokens = np.pad(tokens, ((0, rows - len(chunks)), (0, width - tokens.shape[1])), constant_values=PAD_ID)
+  pad = lambda values, size, fill: np.array(list(values) + [fill] * (size - len(values)), np.int32)
   destinations = _power_of_two(len(targets))
-  return _admit(decoder, params, state, tokens, pad([len(c) for c in chunks], rows, 0), pad(sources, rows, 0),
+  return _admit(decoder, params, state, tokens, pad(lengths, rows, 0), pad(sources, rows, 0),
                 pad(fresh_chunks, rows, 0).astype(bool), pad(targets, destinations, slots),
                 pad(picks, destinations, 0), slots=slots)
 

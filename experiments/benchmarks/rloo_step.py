@@ -105,25 +105,10 @@ def timed_scoring():
     reward_lib.score = original
 
 
-def matmul_peak_flops(size: int = 2048, repeats: int = 5) -> float:
-  """FLOP/s of the best of `repeats` fp32 size² matmuls in jax: the hardware's practical peak here."""
-  x = jax.random.normal(jax.random.key(0), (size, size), jax.numpy.float32)
-  matmul = jax.jit(lambda a: a @ a)
-  jax.block_until_ready(matmul(x))
-  best = min(_seconds(lambda: jax.block_until_ready(matmul(x))) for _ in range(repeats))
-  return 2 * size ** 3 / best
-
-
-def _seconds(run) -> float:
-  start = time.perf_counter()
-  run()
-  return time.perf_counter() - start
-
-
 def step_flops(model_config: model.ModelConfig, prompt_lengths: list[int], k: int, new_tokens: int) -> dict:
-  """Model FLOPs of one step (2 · params per token forward, 3× that for forward + backward, plus QKᵀ and PV
-  over the attended keys; embedding lookups free): each prompt prefilled once, k · new_tokens decoded per
-  prompt, and the update's forward + backward over every row (prompt + completion)."""
+  """Model FLOPs of one step (2 · params per token forward plus QKᵀ and PV over the attended keys; embedding
+  lookups free): each prompt prefilled once and k · new_tokens decoded per prompt, then the update's forward +
+  backward over every row of prompt + completion, counted as the SFT benchmark counts a step."""
   params = model.param_count(model_config)
   attention = lambda length: sum(  # per token at context `length`, all layers
       4 * model_config.num_heads * model_config.head_dim *
@@ -131,8 +116,7 @@ def step_flops(model_config: model.ModelConfig, prompt_lengths: list[int], k: in
       for kind in model_config.layer_types)
   rollout = sum(length * (2 * params + attention(length) / 2) +
                 k * sum(2 * params + attention(length + t) for t in range(new_tokens)) for length in prompt_lengths)
-  update = 3 * k * sum(sum(2 * params + attention(t + 1) for t in range(length + new_tokens))
-                       for length in prompt_lengths)
+  update = sum(sft_step.train_flops_per_step(model_config, k, length + new_tokens) for length in prompt_lengths)
   return {'rollout': rollout, 'update': update}
 
 
@@ -295,7 +279,7 @@ def main():
         f'{sampler:.0f} tokens/s; the step\'s rollout reaches '
         f'{facts["generated"] / seconds["rollout"] / sampler:.0%} of it')
   flops = step_flops(model_config, lengths, args.k, args.new_tokens)
-  peak = matmul_peak_flops()
+  peak = sft_step.matmul_peak_flops()
   floor = {name: value / peak for name, value in flops.items()}
   print(f'\nmodel FLOPs: rollout {flops["rollout"] / 1e9:.1f} G, update {flops["update"] / 1e9:.1f} G; at the '
         f'measured fp32 matmul peak {peak / 1e9:.0f} GFLOP/s the floor is {sum(floor.values()):.2f} s '

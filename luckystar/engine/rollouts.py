@@ -47,10 +47,10 @@ def generate_and_score(model_config: model.ModelConfig, params: Any, tokenizer: 
                        prompts: Sequence[Sequence[int]], rng: jax.Array, *, samples_per_prompt: int,
                        sampling_settings: Any, max_tool_turns: int, max_tool_result_tokens: int,
                        language_penalty: float, drop_overlong: bool, judge: Any = None,
-                       first_row: int = 0, slots: int | None = None, progress: Any = None) -> list[list[Scored]]:
+                       slots: int | None = None, progress: Any = None) -> list[list[Scored]]:
   """`samples_per_prompt` rollouts of each prompt, scored by the verifiers: [prompts][k].
 
-  Rollout j of prompt i is row first_row + i·k + j, the global id that keys its draws (`sampling`);
+  Rollout j of prompt i is row i·k + j, the global id that keys its draws (`sampling`);
   `slots` and `progress` are `sampling.rollout`'s (default a slot per rollout).
   sampling_settings: temperature, top_k, top_p, max_new_tokens (`config.sampling`). With
   `drop_overlong`, an overlong rollout gets reward None (out of RLOO's baseline and loss). judge: the
@@ -61,7 +61,7 @@ def generate_and_score(model_config: model.ModelConfig, params: Any, tokenizer: 
       max_new_tokens=sampling_settings.max_new_tokens, tool_fn=task_tools([examples[i] for i in rows]),
       max_tool_turns=max_tool_turns, max_tool_result_tokens=max_tool_result_tokens,
       temperature=sampling_settings.temperature, top_k=sampling_settings.top_k, top_p=sampling_settings.top_p,
-      row_ids=range(first_row, first_row + len(rows)), slots=slots, progress=progress)
+      slots=slots, progress=progress)
   groups = [[] for _ in examples]
   for i, rollout in zip(rows, results):
     verdict = reward_lib.score(examples[i], rollout.final_turn, rollout.actions,

@@ -14,12 +14,19 @@ process feeds its own rows of the global batch, all processes write and restore 
   num_processes        0 = from the environment
   process_id           -1 = from the environment
   initialization_timeout_s   how long to wait for every process to join before failing
+
+Host work over processes (sampling, scoring): every process runs the same host loop over the global rows and
+calls the same device programs; `run_owned` computes a per-row result (a tool call, a verdict) only on the
+row's owner and shares it, and `to_host` fetches a device result spread over processes.
 """
 
 import os
-from typing import Any, Mapping
+import pickle
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
+from jax.experimental import multihost_utils
+import numpy as np
 
 from luckystar import errors
 
@@ -46,3 +53,52 @@ def maybe_initialize(settings: Any) -> bool:
       process_id=settings.process_id if settings.process_id >= 0 else None,
       initialization_timeout=settings.initialization_timeout_s)
   return True
+
+
+def owner(index: int, count: int) -> int:
+  """The process that computes host work for item `index` of `count`: contiguous, near-equal blocks in process
+  order (the rows each process feeds to a batch sharded over `data × fsdp`)."""
+  return index * jax.process_count() // count
+
+
+def allgather_objects(items: Sequence[Any]) -> list[Any]:
+  """Every process's `items` (picklable), concatenated in process order, on every process. A collective: every
+  process calls it, in the same order."""
+  if jax.process_count() == 1:
+    return list(items)
+  payload = np.frombuffer(pickle.dumps(list(items)), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.array([payload.size], np.int64))).reshape(-1)
+  padded = np.zeros(1 << int(sizes.max() - 1).bit_length(), np.uint8)   # a power of two: a few gather programs
+  padded[:payload.size] = payload
+  gathered = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
+  return [item for rows, size in zip(gathered, sizes) for item in pickle.loads(rows[:size].tobytes())]
+
+
+def run_owned(fn: Callable[[int], Any], indices: Sequence[int], count: int) -> list[Any]:
+  """[fn(i) for i in indices] (each i one of `count` rows), each computed only by `owner(i, count)` and shared
+  with every process (a collective when there are several). Every process passes the same indices; fn's results
+  must pickle."""
+  if jax.process_count() == 1 or not indices:   # every process passes the same indices: none means no collective
+    return [fn(i) for i in indices]
+  me = jax.process_index()
+  mine = [(k, fn(i)) for k, i in enumerate(indices) if owner(i, count) == me]
+  results = [None] * len(indices)
+  for k, value in allgather_objects(mine):
+    results[k] = value
+  return results
+
+
+def to_host(tree: Any) -> Any:
+  """`tree` with every array as numpy on this process; an array spread over processes is all-gathered first
+  (a collective: every process calls it, in the same order)."""
+  def fetch(value):
+    if isinstance(value, jax.Array) and not value.is_fully_addressable and not value.is_fully_replicated:
+      return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+    return np.asarray(value)
+  return jax.tree.map(fetch, tree)
+
+
+def barrier(name: str) -> None:
+  """Waits until every process got here (nothing to wait for in one process)."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)

@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from luckystar import distributed
 from luckystar import model as model_lib
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.model.cohere2 import constrain
@@ -434,6 +435,11 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
   row_ids: each prompt's global id (default its index), which with its continuation column keys its draws:
   a row samples the same tokens whatever slot, batch or round it runs in. progress: called with the number
   of rows that ended, each time some have (a progress bar's update).
+
+  Several processes (params sharded over all of them): each calls this with the same prompts and runs the
+  same host loop, so all make the same admissions and exits and call the same programs; the decode outputs
+  are gathered to every process, and `tool_fn(i, ...)` runs only on row i's owner (`distributed.run_owned`),
+  which shares its result. A tool result must therefore be picklable (a string or None).
   """
   if not prompts:
     return []
@@ -475,12 +481,16 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
                            np.array([ids[i] if i is not None else 0 for i in occupant], np.int32),
                            per_slot(lambda r: len(r.ids)), np.int32(exit_after), max_new_tokens=width,
                            settings=settings)
-    out = jax.device_get(out)
+    out = distributed.to_host(out)
     for slot in busy:
-      i = occupant[slot]
-      feed[slot] = _take_turn(rows[i], i, out, slot, tokenizer, tool_fn, max_new_tokens, max_tool_turns,
-                              max_tool_result_tokens)
-      if rows[i].stop_reason is not None:
+      feed[slot] = _take_turn(rows[occupant[slot]], out, slot, tokenizer, tool_fn, max_new_tokens, max_tool_turns)
+    calling = [slot for slot in busy if feed[slot] is None]   # stopped at an action, with a tool to call
+    results = distributed.run_owned(lambda i: tool_fn(i, rows[i].actions[-1]), [occupant[s] for s in calling],
+                                    len(rows))
+    for slot, result in zip(calling, results):
+      feed[slot] = _splice(rows[occupant[slot]], result, tokenizer, max_new_tokens, max_tool_result_tokens)
+    for slot in busy:
+      if rows[occupant[slot]].stop_reason is not None:
         occupant[slot], feed[slot] = None, []
     if progress is not None:
       progress(sum(occupant[slot] is None for slot in busy))
@@ -525,11 +535,10 @@ def _power_of_two(value: int) -> int:
   return 1 << (max(value, 1) - 1).bit_length()
 
 
-def _take_turn(row: _Row, index: int, out: SampleOutput, slot: int, tokenizer: tokenizer_lib.Tokenizer,
-               tool_fn: ToolFn | None, max_new_tokens: int, max_tool_turns: int, max_tool_result_tokens: int
-               ) -> list[int]:
-  """Appends what slot `slot` generated for row `index` and runs its tool if it called one; returns the
-  tokens its slot appends before it decodes again (its last token, then any spliced tool turn), or sets
+def _take_turn(row: _Row, out: SampleOutput, slot: int, tokenizer: tokenizer_lib.Tokenizer, tool_fn: ToolFn | None,
+               max_new_tokens: int, max_tool_turns: int) -> list[int] | None:
+  """Appends what slot `slot` generated for `row`; returns the tokens its slot appends before it decodes again
+  (its last token), None when the row stopped at an action whose tool is to be called (`_splice`), or sets
   row.stop_reason when the row is done."""
   length = int(out.lengths[slot])
   row.ids += out.tokens[slot, :length].tolist()
@@ -549,10 +558,21 @@ def _take_turn(row: _Row, index: int, out: SampleOutput, slot: int, tokenizer: t
   if len(row.tool_results) == max_tool_turns:
     row.stop_reason = 'tool_limit'
     return []
-  result = tool_fn(index, row.actions[-1]) if tool_fn is not None else None
+  if tool_fn is None:
+    row.stop_reason = 'action'
+    return []
+  return None
+
+
+def _splice(row: _Row, result: str | None, tokenizer: tokenizer_lib.Tokenizer, max_new_tokens: int,
+            max_tool_result_tokens: int) -> list[int]:
+  """Splices the tool `result` of the row's last action in (None: there was no tool to run, the row ends);
+  returns the tokens its slot appends before it decodes again (its last token, then the tool turn)."""
   if result is None:
     row.stop_reason = 'action'
     return []
+  thinking = tokenizer.parse_assistant(row.ids[row.turn_start:]).thinking   # the turn that called the tool
+  row.thinking += [thinking] if thinking is not None else []
   body, text = tokenizer.tool_result_ids(result, max_tool_result_tokens)
   row.tool_results.append(text)
   splice = tokenizer.tool_round_trip(body)
@@ -563,7 +583,6 @@ def _take_turn(row: _Row, index: int, out: SampleOutput, slot: int, tokenizer: t
   row.mask += [0] * len(splice)
   row.logprobs += [0.0] * len(splice)
   row.untruncated += [0.0] * len(splice)
-  row.thinking += [turn.thinking] if turn.thinking is not None else []
   row.turn_start = len(row.ids)
   return row.ids[-len(splice) - 1:]
 

@@ -4,6 +4,7 @@ killed with SIGKILL after a step then re-run on the same workdir (DESIGN §8 res
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 
@@ -56,3 +57,26 @@ def whole_and_resumed(config: str, root: pathlib.Path, *, crash_after: int, over
   code, resume_log = finish(start(config, resumed, cache_dir=cache, overrides=overrides))
   assert code == 0, resume_log[-3000:]
   return {'whole': whole, 'resumed': resumed, 'after_crash': after_crash, 'resume_log': resume_log, 'stdout': stdout}
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def launch_together(config: str, workdir, *, processes: int, cache_dir, crash_after=None, overrides=(),
+                    timeout: float = 600) -> list[tuple[int, str]]:
+  """`processes` copies of the same command on 127.0.0.1, one jax process each (`jax.distributed`, CPU
+  collectives), each with one CPU device; (return code, stderr) per process."""
+  env = {'JAX_COORDINATOR_ADDRESS': f'127.0.0.1:{free_port()}', 'JAX_PLATFORMS': 'cpu'}
+  started = [start(config, workdir, cache_dir=cache_dir, crash_after=crash_after, env=env, overrides=(
+      *overrides, f'--config.distributed.num_processes={processes}', f'--config.distributed.process_id={i}',
+      '--config.distributed.initialization_timeout_s=60')) for i in range(processes)]
+  try:
+    return [finish(p, timeout=timeout) for p in started]
+  finally:
+    for p in started:   # a process still running after a failure: stop it
+      if p.poll() is None:
+        p.kill()
+        p.communicate()

@@ -3,7 +3,6 @@ to the same loss curve as one process, and write and restore the checkpoints tog
 killed after step 3 and re-run, and resume from the step-2 checkpoint."""
 
 import signal
-import socket
 
 import numpy as np
 import pytest
@@ -14,28 +13,12 @@ from luckystar.engine import metrics
 
 CONFIG = 'configs/sft.py:smoke'
 PROCESSES = 2
-TIMEOUT_S = 300   # per launch; initialisation itself gives up after 60 s (below)
-
-
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
+TIMEOUT_S = 300   # per launch; initialisation itself gives up after 60 s
 
 
 def launch_together(workdir, cache_dir, *, crash_after=None) -> list[tuple[int, str]]:
-  """PROCESSES copies of the same command, one jax process each; (return code, stderr) per process."""
-  env = {'JAX_COORDINATOR_ADDRESS': f'127.0.0.1:{free_port()}', 'JAX_PLATFORMS': 'cpu'}
-  processes = [main_runs.start(CONFIG, workdir, cache_dir=cache_dir, crash_after=crash_after, env=env, overrides=(
-      f'--config.distributed.num_processes={PROCESSES}', f'--config.distributed.process_id={i}',
-      '--config.distributed.initialization_timeout_s=60')) for i in range(PROCESSES)]
-  try:
-    return [main_runs.finish(p, timeout=TIMEOUT_S) for p in processes]
-  finally:
-    for p in processes:   # a process still running after a failure: stop it
-      if p.poll() is None:
-        p.kill()
-        p.communicate()
+  return main_runs.launch_together(CONFIG, workdir, processes=PROCESSES, cache_dir=cache_dir, crash_after=crash_after,
+                                   timeout=TIMEOUT_S)
 
 
 @pytest.fixture(scope='module')

@@ -237,7 +237,7 @@ def test_stage_keeps_verified_traces_writes_its_files_and_they_join_sft(tok, tmp
   examples, _ = rs.rs_prompts(config)
   assert {(e.task, e.language) for e in examples} >= {('nl2sql', 'ko'), ('math', 'ko')}
   monkeypatch.setattr(sampling, 'rollout', _scripted_rollout_fn(tok, examples))
-  monkeypatch.setattr(state_lib, 'load_model', lambda config: loading.Model(model.get('tiny'), None, tok))
+  monkeypatch.setattr(state_lib, 'load_model', lambda config, mesh=None: loading.Model(model.get('tiny'), None, tok))
   rs.run(config, str(tmp_path))
 
   traces = [json.loads(line) for line in (tmp_path / rs.TRACES_FILE).read_text().splitlines()]
@@ -299,7 +299,7 @@ def test_smoke_run_with_a_random_teacher_writes_its_files_and_a_rerun_reuses_the
   assert not list(tmp_path.glob('*.tmp'))
   before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
 
-  def no_teacher(config):
+  def no_teacher(config, mesh=None):
     raise AssertionError('a finished run must not load the teacher again')
   monkeypatch.setattr(state_lib, 'load_model', no_teacher)
   rs.run(config, str(tmp_path))

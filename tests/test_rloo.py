@@ -315,9 +315,8 @@ def test_config_errors_come_before_the_model_loads(tmp_path, monkeypatch):
   with pytest.raises(errors.UserError, match=r"config.rlvr.eval_split='hedlout'"):
     rloo.run(config, str(tmp_path))
   config.rlvr.eval_split = 'heldout'
-  config.batch_size = 3
-  monkeypatch.setattr(rloo.jax, 'process_count', lambda: 2)
-  with pytest.raises(errors.UserError, match='config.batch_size=3'):
+  config.batch_size = 3   # 12 rollouts over the 8 batch devices of data=-1
+  with pytest.raises(errors.UserError, match=r'config.batch_size=3 prompts × config.rlvr.samples_per_prompt=4'):
     rloo.run(config, str(tmp_path))
   config.batch_size, config.sampling.temperature = 2, 0.0   # logits / 0: every update NaN, silently skipped
   with pytest.raises(errors.UserError, match='config.sampling.temperature=0.0'):

@@ -21,6 +21,12 @@ def encode(item: Any) -> dict[str, np.ndarray]:
   ids, mask = (item['tokens'], item['loss_mask']) if isinstance(item, Mapping) else item
   return {'tokens': np.asarray(ids, np.int32), 'loss_mask': np.asarray(mask, np.int32)}
 
+# For iterators whose items are built from data already in memory (RL prompt indices, DPO pair batches): each
+# item made when the loop asks for it. grain's default reads 500 items ahead on 16 threads, CPU that the steps
+# (and, across processes, every collective waiting on the slowest process) need.
+ON_DEMAND = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+
+
 def shard(dataset: grain.MapDataset, process_index: int | None = None, process_count: int | None = None
           ) -> grain.MapDataset:
   """This process's slice of a finite dataset (every process sees a disjoint part)."""

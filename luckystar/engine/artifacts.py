@@ -8,8 +8,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from absl import logging
 import jax
-from jax.experimental import multihost_utils
 
+from luckystar import distributed
 from luckystar import errors
 from luckystar.data import sources
 
@@ -61,8 +61,7 @@ def load_or_build(workdir: str | pathlib.Path, record_name: str, fingerprint: Ma
     for name, content in files.items():
       write_atomically(workdir / name, content)
     write_atomically(path, json.dumps({'fingerprint': fingerprint, **record}, indent=1, ensure_ascii=False) + '\n')
-  if jax.process_count() > 1:  # the other processes may read the files next (a pipeline's next stage)
-    multihost_utils.sync_global_devices(f'artifact {path}')
+  distributed.barrier(f'artifact {path}')   # the other processes may read the files next (a pipeline's next stage)
   return {'fingerprint': fingerprint, **record}
 
 

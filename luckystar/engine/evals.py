@@ -30,6 +30,7 @@ import jax
 import numpy as np
 import tqdm
 
+from luckystar import distributed
 from luckystar import sampling
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations, pipeline
@@ -142,8 +143,10 @@ def run_examples(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, e
     examples = [e for e in examples for _ in range(settings.samples)]
   replies = model_respond(model_config, params, tokenizer, settings)(examples, mode, settings.temperature,
                                                                       settings.seed)
-  return [(e, r, reward.score(e, r.final_turn, r.actions, tool_results=r.tool_results, judge=judge))
-          for e, r in zip(examples, replies)]
+  verdicts = distributed.run_owned(
+      lambda n: reward.score(examples[n], replies[n].final_turn, replies[n].actions,
+                             tool_results=replies[n].tool_results, judge=judge), range(len(examples)), len(examples))
+  return list(zip(examples, replies, verdicts))
 
 
 # ---- figures ----------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import jax
 import tqdm
 
+from luckystar import distributed
 from luckystar import model
 from luckystar import sampling
 from luckystar.data import conversations
@@ -54,7 +55,9 @@ def generate_and_score(model_config: model.ModelConfig, params: Any, tokenizer: 
   `slots` and `progress` are `sampling.rollout`'s (default a slot per rollout).
   sampling_settings: temperature, top_k, top_p, max_new_tokens (`config.sampling`). With
   `drop_overlong`, an overlong rollout gets reward None (out of RLOO's baseline and loss). judge: the
-  stage's LLM judge (`engine.judging.make`), asked where the rules cannot decide; None: rules only."""
+  stage's LLM judge (`engine.judging.make`), asked where the rules cannot decide; None: rules only.
+  Several processes: each calls this with every prompt; a rollout is scored by its row's owner
+  (`distributed.run_owned`) and every process gets every verdict."""
   rows = [i for i in range(len(examples)) for _ in range(samples_per_prompt)]
   results = sampling.rollout(
       model_config, params, tokenizer, [prompts[i] for i in rows], rng=rng,
@@ -62,12 +65,15 @@ def generate_and_score(model_config: model.ModelConfig, params: Any, tokenizer: 
       max_tool_turns=max_tool_turns, max_tool_result_tokens=max_tool_result_tokens,
       temperature=sampling_settings.temperature, top_k=sampling_settings.top_k, top_p=sampling_settings.top_p,
       slots=slots, progress=progress)
-  groups = [[] for _ in examples]
-  for i, rollout in zip(rows, results):
-    verdict = reward_lib.score(examples[i], rollout.final_turn, rollout.actions,
+  def score(n):
+    rollout = results[n]
+    verdict = reward_lib.score(examples[rows[n]], rollout.final_turn, rollout.actions,
                                tool_results=rollout.tool_results, language_penalty=language_penalty, judge=judge)
-    if rollout.overlong and drop_overlong:
-      verdict = dataclasses.replace(verdict, reward=None)
+    return dataclasses.replace(verdict, reward=None) if rollout.overlong and drop_overlong else verdict
+
+  groups = [[] for _ in examples]
+  verdicts = distributed.run_owned(score, range(len(rows)), len(rows))   # each process scores its rows
+  for i, rollout, verdict in zip(rows, results, verdicts):
     groups[i].append(Scored(examples[i], rollout, verdict))
   return groups
 

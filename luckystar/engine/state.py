@@ -92,15 +92,35 @@ def tokenizer_of(initial: Initial, init_from: str) -> tokenizer_lib.Tokenizer:
   return initial.tokenizer
 
 
-def load_model(config) -> 'loading.Model':
+def load_model(config, mesh: jax.sharding.Mesh | None = None) -> 'loading.Model':
   """`config.init_from` as a `loading.Model` with its tokenizer, for stages that sample or score without
-  training; 'random:<size>' initialises from `config.seed` (an untrained model: for smoke tests only)."""
+  training; 'random:<size>' initialises from `config.seed` (an untrained model: for smoke tests only).
+  With `mesh`, the params are sharded over it by the logical table (a float transformers checkpoint streamed
+  onto it block by block, as `start` does), so they need not fit one host or one device; int4 params stay
+  on the host."""
   from luckystar.engine import loading  # pylint: disable=g-import-not-at-top
-  initial = initial_model(config.init_from, config.get('model_overrides'), config.get('chat_format', 'auto'))
-  params = initial.params
+  from luckystar.quant import quantize  # pylint: disable=g-import-not-at-top
+  initial = initial_model(config.init_from, config.get('model_overrides'), config.get('chat_format', 'auto'),
+                          stream=mesh is not None)
+  tokenizer, model_config, params = tokenizer_of(initial, config.init_from), initial.model_config, initial.params
+  if mesh is None or quantize.is_served(model_config):
+    if params is None:
+      params = model.init(model_config, jax.random.key(config.seed))
+    return loading.Model(model_config, params, tokenizer)
+  model_config, params = on_mesh(initial, mesh)
   if params is None:
-    params = model.init(initial.model_config, jax.random.key(config.seed))
-  return loading.Model(initial.model_config, params, tokenizer_of(initial, config.init_from))
+    params = model.init_sharded(model_config, jax.random.key(config.seed), mesh)
+  return loading.Model(model_config, jax.device_put(params, model.param_shardings(model_config, mesh)), tokenizer)
+
+
+def on_mesh(initial: Initial, mesh: jax.sharding.Mesh) -> tuple[model.ModelConfig, Any | None]:
+  """(config, params) of `initial` for `mesh`: the vocabulary padded to split over 'tensor', a streamed checkpoint
+  read onto the mesh block by block (host params are returned as they are; None stays None: random init)."""
+  from luckystar.interop import hf  # pylint: disable=g-import-not-at-top
+  model_config, params = model.pad_vocab(initial.model_config, initial.params, mesh.shape['tensor'])
+  if initial.headers is not None:   # each device reads its own block of the checkpoint
+    params = hf.load_sharded(model_config, initial.headers, model.param_shardings(model_config, mesh))
+  return model_config, params
 
 
 def shardings(abstract_state: TrainState, optimizer: optax.GradientTransformation, param_shardings: Any,
@@ -165,16 +185,13 @@ def start(config, workdir: Any, *, updates_per_step: int = 1, needs_tokenizer: b
   data are token ids, `needs_tokenizer=False`), the mesh of `config.mesh`, the optimizer (`optim.make`) and
   the sharded train state holding the initial params."""
   from luckystar.engine import checkpoint  # pylint: disable=g-import-not-at-top
-  from luckystar.interop import hf  # pylint: disable=g-import-not-at-top
   initial = initial_model(config.init_from, config.get('model_overrides'), config.get('chat_format', 'auto'),
                           stream=True)
   tokenizer = tokenizer_of(initial, config.init_from) if needs_tokenizer else initial.tokenizer
   if tokenizer is not None:
     checkpoint.save_tokenizer(workdir, tokenizer)
   mesh = sharding.make_mesh(dict(config.mesh))
-  model_config, params = model.pad_vocab(initial.model_config, initial.params, mesh.shape['tensor'])
-  if initial.headers is not None:   # each device reads its own block of the checkpoint
-    params = hf.load_sharded(model_config, initial.headers, model.param_shardings(model_config, mesh))
+  model_config, params = on_mesh(initial, mesh)
   optimizer = optim.make(config, updates_per_step)
   state = create(model_config, optimizer, mesh, seed=config.seed, params=params)
   return Start(model_config, mesh, optimizer, state, tokenizer)

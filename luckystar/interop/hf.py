@@ -16,11 +16,11 @@ import shutil
 from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 import jax
-from jax.experimental import multihost_utils
 import numpy as np
 import safetensors
 from safetensors import safe_open
 
+from luckystar import distributed
 from luckystar import errors
 from luckystar.interop import hf_tokenizer
 from luckystar.model.config import FULL, SLIDING, ModelConfig, pattern_layer_types
@@ -298,14 +298,6 @@ def params_from_hf(tensors: dict[str, np.ndarray], config: ModelConfig, path: st
           'norm': {'weight': np.asarray(tensors['model.norm.weight'])}}
 
 
-def _host(value: Any) -> np.ndarray:
-  """`value` as numpy on this process; an array spread over processes is all-gathered first (a collective: every
-  process calls it, in the same order)."""
-  if isinstance(value, jax.Array) and not value.is_fully_addressable:
-    return np.asarray(multihost_utils.process_allgather(value, tiled=True))
-  return np.asarray(value)
-
-
 def _whole(shape: tuple[int, ...]) -> tuple[slice, ...]:
   return tuple(slice(0, n) for n in shape)
 
@@ -345,7 +337,7 @@ def hf_blocks(params: Any, config: ModelConfig) -> Iterator[Block]:
         frozen = node[AQT_NAME]['qrhs']
         for g in range(config.num_layers // period):
           prefix = f'model.layers.{g * period + i}.{hf_name.removesuffix("weight")}'
-          tensors = compressed.to_hf(_host(frozen['value'][g]), _host(frozen['scale'][g]), config.quant,
+          tensors = compressed.to_hf(distributed.to_host(frozen['value'][g]), distributed.to_host(frozen['scale'][g]), config.quant,
                                      jax.numpy.dtype(config.quant.scale_dtype))
           if jax.process_index() == 0:
             yield from ((prefix + suffix, _whole(t.shape), t) for suffix, t in tensors.items())
@@ -621,7 +613,7 @@ def _write_shards(directory: pathlib.Path, blocks: Iterator[Block], dtypes: Mapp
         f.write(len(text).to_bytes(8, 'little') + text)
         f.truncate(8 + len(text) + offset)
       (directory / files[k]).chmod(0o644)
-  _barrier(f'{directory} headers')
+  distributed.barrier(f'{directory} headers')
   for name, region, block in blocks:
     file, offset = where[name]
     if sizes[name]:
@@ -660,7 +652,7 @@ def save_hf(path: str | pathlib.Path, config: ModelConfig, params: Any, *, dtype
   if jax.process_index() == 0:
     shutil.rmtree(tmp, ignore_errors=True)   # left by a save that was killed
     tmp.mkdir()
-  _barrier(f'save_hf {path} start')
+  distributed.barrier(f'save_hf {path} start')
   try:
     # Float tensors in `dtype`; compressed-tensors' packed ints, shapes and scales in their own dtypes.
     expected = expected_tensors(config)
@@ -669,7 +661,7 @@ def save_hf(path: str | pathlib.Path, config: ModelConfig, params: Any, *, dtype
                      'shape': 'int64'}[kind] for name, (_, _, kind) in expected.items()}
     _write_shards(tmp, hf_blocks(params, config), dtypes, {name: e[0] for name, e in expected.items()},
                   max_shard_bytes)
-    _barrier(f'save_hf {path} weights')
+    distributed.barrier(f'save_hf {path} weights')
     if jax.process_index() != 0:
       return
     hf_config = config_to_hf(config, dtype)
@@ -694,9 +686,6 @@ def save_hf(path: str | pathlib.Path, config: ModelConfig, params: Any, *, dtype
       shutil.rmtree(tmp, ignore_errors=True)
     raise
   finally:
-    _barrier(f'save_hf {path} done')
+    distributed.barrier(f'save_hf {path} done')
 
 
-def _barrier(name: str) -> None:
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(name)

@@ -70,7 +70,7 @@ import hashlib
 import io
 import json
 import pathlib
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from absl import logging
 import grain
@@ -79,6 +79,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
+from luckystar import distributed
 from luckystar import errors
 from luckystar import model
 from luckystar.data import conversations, pipeline, sources
@@ -86,6 +87,7 @@ from luckystar.data.examples import Example
 from luckystar.engine import artifacts, evals, logprobs, loop, optim, prompts, rollouts
 from luckystar.engine import state as state_lib
 from luckystar.engine import step as step_lib
+from luckystar.model import sharding
 from luckystar.rewards import choice
 from luckystar.rewards import reward as reward_lib
 from luckystar.tokenizer import Tokenizer
@@ -233,21 +235,23 @@ def pair_batch(pairs: Sequence[Mapping[str, Any]], indices: Sequence[int], refer
 
 
 def training_batches(pairs: Sequence[Mapping[str, Any]], reference: np.ndarray, *, batch_size: int, seed: int,
-                     length_multiple: int, weights: Mapping[str, float] | None = None) -> grain.DatasetIterator:
-  """A checkpointable iterator of this process's shuffled pair batches, epoch after epoch; with `weights`
-  (source label → weight, pairs carrying their `source`), drawn from the sources in those proportions."""
-  indices = pipeline.shard(grain.MapDataset.range(len(pairs)))
-  if len(indices) < batch_size:
-    raise errors.UserError(f'{len(indices)} DPO pairs for this process, fewer than the {batch_size} a batch '
-                           f'needs (config.batch_size); build more pairs (config.dpo.pair_prompts) or lower it')
+                     length_multiple: int, weights: Mapping[str, float] | None = None,
+                     local_rows: Callable[[dict], dict] = lambda batch: batch) -> grain.DatasetIterator:
+  """A checkpointable iterator of shuffled batches of `batch_size` pairs, epoch after epoch; with `weights`
+  (source label → weight, pairs carrying their `source`), drawn from the sources in those proportions. Every
+  process builds the same global batches and keeps `local_rows` of each (`MeshFunction.local_rows`), so the
+  batches, and the loss curve, do not depend on the number of processes."""
+  if len(pairs) < batch_size:
+    raise errors.UserError(f'{len(pairs)} DPO pairs, fewer than the {batch_size} a batch needs '
+                           f'(config.batch_size); build more pairs (config.dpo.pair_prompts) or lower it')
   if weights and len(weights) > 1:
     by_source = {label: [i for i, pair in enumerate(pairs) if pair['source'] == label] for label in weights}
-    stream = pipeline.mixture(by_source, weights, seed=seed)
+    stream = pipeline.mixture(by_source, weights, seed=seed, process_index=0, process_count=1)
   else:
-    stream = indices.shuffle(seed=seed).repeat()
+    stream = grain.MapDataset.range(len(pairs)).shuffle(seed=seed).repeat()
   return iter(stream.batch(batch_size, drop_remainder=True)
-              .map(lambda chunk: pair_batch(pairs, chunk, reference, length_multiple=length_multiple))
-              .to_iter_dataset())
+              .map(lambda chunk: local_rows(pair_batch(pairs, chunk, reference, length_multiple=length_multiple)))
+              .to_iter_dataset(pipeline.ON_DEMAND))
 
 
 # ---- pairs --------------------------------------------------------------------------------------------
@@ -515,13 +519,26 @@ def load_or_build_pairs(config, workdir: pathlib.Path, model_config: model.Model
 
 
 def params_digest(params: Any) -> str:
-  """sha256 over every leaf's path, dtype, shape and bytes: the model's identity."""
+  """sha256 over every leaf's path, dtype, shape and position-weighted checksums of its bits: the model's
+  identity, computed where the params are (sharded over any mesh and processes: nothing is gathered)."""
   digest = hashlib.sha256()
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    value = np.asarray(jax.device_get(leaf))
-    digest.update(f'{jax.tree_util.keystr(path)}:{value.dtype}:{value.shape};'.encode())
-    digest.update(np.ascontiguousarray(value).tobytes())
+    digest.update(f'{jax.tree_util.keystr(path)}:{leaf.dtype}:{leaf.shape};'.encode())
+    digest.update(np.asarray(distributed.to_host(_checksums(leaf))).tobytes())
   return digest.hexdigest()
+
+
+@jax.jit
+def _checksums(leaf: jax.Array) -> jax.Array:
+  """[3] uint32 sums (wrapping) of the leaf's bits, two of them weighted by position: a changed value or order
+  changes them."""
+  bits = leaf.reshape(-1)
+  if bits.dtype.itemsize in (2, 4):
+    bits = jax.lax.bitcast_convert_type(bits, jnp.uint16 if bits.dtype.itemsize == 2 else jnp.uint32)
+  bits = bits.astype(jnp.uint32)
+  index = jnp.arange(bits.size, dtype=jnp.uint32)
+  return jnp.stack([bits.sum(dtype=jnp.uint32), (bits * (index * jnp.uint32(2654435761) + 1)).sum(dtype=jnp.uint32),
+                    ((bits ^ (index * jnp.uint32(40503))) * jnp.uint32(2246822519)).sum(dtype=jnp.uint32)])
 
 
 def pairs_digest(pairs: Sequence[Mapping[str, Any]]) -> str:
@@ -543,7 +560,7 @@ def compute_reference_logps(model_config: model.ModelConfig, params: Any, pairs:
                            disable=jax.process_index() != 0):
     indices = [min(i, len(pairs) - 1) for i in range(start, start + batch_size)]
     batch = pair_batch(pairs, indices, length_multiple=length_multiple)
-    out.append(np.asarray(jax.device_get(logps(params, logps.put_batch(batch))))[:len(pairs) - start])
+    out.append(distributed.to_host(logps(params, logps.put_batch(logps.local_rows(batch))))[:len(pairs) - start])
   return np.concatenate(out)
 
 
@@ -580,21 +597,17 @@ def run(config, workdir: str) -> None:
   model_config, mesh, optimizer, state, tokenizer = state_lib.start(config, workdir)
 
   # The starting params, before a resumed run restores its checkpoint: the policy that samples and the reference.
-  pairs = load_or_build_pairs(config, workdir, model_config, state.params, tokenizer)
+  with sharding.activate(mesh):   # pair sampling's rollouts split over the mesh
+    pairs = load_or_build_pairs(config, workdir, model_config, state.params, tokenizer)
   reference = reference_logps(workdir, model_config, state.params, pairs, mesh=mesh,
                               batch_size=settings.reference_batch_size, length_multiple=settings.length_multiple)
-  if config.batch_size % jax.process_count():
-    raise ValueError(f'config.batch_size={config.batch_size} pairs per step does not split over '
-                     f'{jax.process_count()} processes')
   weights = (sources.weights(sources.parse(settings.sources, key=SOURCES_KEY)) if settings.get('sources') else None)
-  batches = training_batches(pairs, reference, batch_size=config.batch_size // jax.process_count(), seed=config.seed,
-                             length_multiple=settings.length_multiple, weights=weights)
-
   eval_settings = evals.Settings.from_config(settings.task_eval)
 
   def eval_fn(params, step):
     del step
-    return evals.evaluate(model_config, jax.device_get(params), tokenizer, eval_settings)
+    with sharding.activate(mesh):   # the params stay sharded; the held-out rollouts split over the mesh
+      return evals.evaluate(model_config, params, tokenizer, eval_settings)
 
   loss = functools.partial(loss_fn, model_config=model_config, beta=settings.beta, loss_type=settings.loss_type,
                            label_smoothing=settings.label_smoothing, sft_weight=settings.sft_weight,
@@ -603,6 +616,9 @@ def run(config, workdir: str) -> None:
                                       learning_rate=optim.learning_rate_schedule(config),
                                       grad_accum_steps=config.grad_accum_steps, denominator='pairs',
                                       aux_weights=AUX_WEIGHTS)
+  batches = training_batches(pairs, reference, batch_size=config.batch_size, seed=config.seed,
+                             length_multiple=settings.length_multiple, weights=weights,
+                             local_rows=update_fn.local_rows)
   loop.run_training(config, workdir, state=state, update_fn=update_fn, batches=batches,
                     eval_fn=eval_fn if eval_settings.per_task_language else None, model_config=model_config,
                     progress_keys=PROGRESS_KEYS, summary_keys=SUMMARY_KEYS)

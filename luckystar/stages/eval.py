@@ -35,9 +35,11 @@ import math
 import pathlib
 from typing import Any, Sequence
 
+import jax
 import numpy as np
 import tqdm
 
+from luckystar import distributed
 from luckystar import errors
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import bfcl, champ, instruction_following, sources
@@ -45,6 +47,7 @@ from luckystar.data.examples import Example
 from luckystar.engine import artifacts, evals, judging, prompts
 from luckystar.engine import metrics as metrics_lib
 from luckystar.engine import state as state_lib
+from luckystar.model import sharding
 from luckystar.rewards import reward
 
 SUITES = ('math', 'champ', 'nl2sql', 'bfcl', 'korean_mc', 'chat', 'instruction_following')
@@ -162,6 +165,13 @@ def score(suite: str, example: Example, reply, judge=None) -> reward.Verdict:
                         reward=float(follows))
 
 
+def score_all(suite: str, examples: Sequence[Example], replies: Sequence[Any], judge=None) -> list[reward.Verdict]:
+  """`score` of every reply; with several processes each scores its share (`distributed.run_owned`) and all
+  get every verdict."""
+  return distributed.run_owned(lambda n: score(suite, examples[n], replies[n], judge), range(len(examples)),
+                               len(examples))
+
+
 def pass_at_k(samples: int, correct: int, k: int) -> float:
   """Unbiased pass@k from `samples` replies of which `correct` are right (Chen et al. 2021)."""
   if samples - correct < k:
@@ -189,8 +199,7 @@ def sampled_pass_at_k(suite: str, respond: evals.Respond, examples: Sequence[Exa
   replies = respond(repeated, 'reasoning', settings.pass_k_temperature, settings.seed + 1)
   correct = collections.Counter()
   scorable = set()
-  for example, reply in zip(repeated, replies):
-    verdict = score(suite, example, reply, judge)
+  for example, verdict in zip(repeated, score_all(suite, repeated, replies, judge)):
     if verdict.correct is not None:
       scorable.add(example.id)
       correct[example.id] += bool(verdict.correct)
@@ -232,7 +241,7 @@ def evaluate(respond: evals.Respond, tokenizer: tokenizer_lib.Tokenizer, setting
       out['suites'][name]['reasoning'].update(sampled_pass_at_k(name, respond, examples, settings, judge))
       continue
     replies = respond(examples, mode, 0.0, settings.seed)
-    results = [(e, r, score(name, e, r, judge)) for e, r in zip(examples, replies)]
+    results = list(zip(examples, replies, score_all(name, examples, replies, judge)))
     out['suites'][name][mode] = suite_metrics(name, results)
     if name not in NO_LANGUAGE_FIGURE:
       pooled[mode] += results
@@ -360,17 +369,21 @@ def write(workdir: str | pathlib.Path, results: dict[str, Any]) -> None:
 
 def run(config, workdir: str) -> None:
   settings = Settings.from_config(config.eval)
-  loaded = state_lib.load_model(config)
+  mesh = sharding.make_mesh(dict(config.mesh))
+  loaded = state_lib.load_model(config, mesh)   # sharded over every process's devices
   tokenizer = loaded.tokenizer
   from_sources, reports = source_suites(settings, tokenizer)   # every record checked before any reply
   artifacts.write_data_report(workdir, reports)
   respond = evals.model_respond(loaded.config, loaded.params, tokenizer, settings)
   judge = judging.make(config, workdir)
-  results = {'init_from': config.init_from, 'settings': dataclasses.asdict(settings),
-             **evaluate(respond, tokenizer, settings, from_sources=from_sources, judge=judge)}
+  with sharding.activate(mesh):
+    results = {'init_from': config.init_from, 'settings': dataclasses.asdict(settings),
+               **evaluate(respond, tokenizer, settings, from_sources=from_sources, judge=judge)}
   judging.save(judge, workdir)
   results['judge'] = judging.metrics(judge)
-  write(workdir, results)
+  if jax.process_index() == 0:
+    write(workdir, results)
+  distributed.barrier('eval results written')   # a pipeline's next stage may read them on any process
   summarize(workdir, results)
 
 

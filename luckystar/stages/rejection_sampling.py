@@ -47,6 +47,7 @@ from luckystar.data.examples import Example, rs_only
 from luckystar.engine import artifacts, judging, prompts, rollouts
 from luckystar.engine import metrics as metrics_lib
 from luckystar.engine import state as state_lib
+from luckystar.model import sharding
 from luckystar.rewards import language
 from luckystar.tokenizer import Tokenizer
 
@@ -239,7 +240,8 @@ def print_summary(workdir: pathlib.Path, stats: dict[str, Any], *, samples: int,
 def sample(config, workdir: pathlib.Path) -> tuple[dict[str, Any], artifacts.Files]:
   """(stats, {traces, report}): every prompt sampled and its traces kept or dropped (module docstring)."""
   settings = config.rejection_sampling
-  teacher = state_lib.load_model(config)
+  mesh = sharding.make_mesh(dict(config.mesh))
+  teacher = state_lib.load_model(config, mesh)   # sharded over every process's devices
   model_config, params, tokenizer = teacher.config, teacher.params, teacher.tokenizer
   examples, reports = rs_prompts(config, tokenizer)
   artifacts.write_data_report(workdir, reports)
@@ -252,11 +254,12 @@ def sample(config, workdir: pathlib.Path) -> tuple[dict[str, Any], artifacts.Fil
   judge = judging.make(config, workdir)   # asked only where the verifier cannot decide; None by default
   traces, results, started = [], [], time.time()
   # No language penalty or overlong drop here: rejection sampling keeps traces by its own rules.
-  groups = rollouts.sample_groups(
-      model_config, params, tokenizer, examples, jax.random.key(config.seed), batch_rows=settings.batch_size,
-      samples_per_prompt=samples, mode=MODE, desc='rejection sampling', sampling_settings=config.sampling,
-      max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
-      language_penalty=0.0, drop_overlong=False, judge=judge)
+  with sharding.activate(mesh):
+    groups = rollouts.sample_groups(
+        model_config, params, tokenizer, examples, jax.random.key(config.seed), batch_rows=settings.batch_size,
+        samples_per_prompt=samples, mode=MODE, desc='rejection sampling', sampling_settings=config.sampling,
+        max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
+        language_penalty=0.0, drop_overlong=False, judge=judge)
   for example, prompt_ids, group in groups:
     decisions = trace_decisions(example.language, [candidate(scored) for scored in group])
     results.append(PromptResult(example.task, example.language, tuple(s.verdict.correct for s in group),

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from luckystar import distributed
 from luckystar import errors
 from luckystar import model
 from luckystar.data import pipeline, sources, suites
@@ -333,9 +334,12 @@ def check_config(config) -> None:
   if not config.sampling.temperature > 0:   # the loss divides logits by it: 0 would make every update NaN (skipped)
     raise errors.UserError(f'config.sampling.temperature={config.sampling.temperature}: RLVR samples its '
                            'rollouts and scores them at this temperature, so it must be > 0')
-  if config.batch_size % jax.process_count():
-    raise errors.UserError(f'config.batch_size={config.batch_size} prompts per step does not split over '
-                           f'{jax.process_count()} processes')
+  mesh = sharding.make_mesh(dict(config.mesh))   # the update's rows split over its batch devices
+  rows, batch_devices = config.batch_size * config.rlvr.samples_per_prompt, mesh.shape['data'] * mesh.shape['fsdp']
+  if rows % batch_devices:
+    raise errors.UserError(f'config.batch_size={config.batch_size} prompts × config.rlvr.samples_per_prompt='
+                           f'{config.rlvr.samples_per_prompt} rollouts per step do not split over the mesh\'s '
+                           f'data×fsdp = {batch_devices} devices')
 
 
 def eval_pool(config, tokenizer: Tokenizer, pool: Sequence[Example]) -> list[Example]:
@@ -417,17 +421,19 @@ def run(config, workdir: str) -> None:
 
   def eval_fn(params, step):
     del step
-    params = jax.device_get(params)
-    metrics = evals.evaluate(model_config, params, tokenizer, greedy_settings, examples=heldout, judge=judge)
-    if settings.eval_samples:  # what RL optimises: pass@1 of the policy as it samples
-      sampled = evals.evaluate(model_config, params, tokenizer, sampled_settings, examples=heldout, judge=judge)
-      metrics |= {SAMPLED_PREFIX + key.removeprefix('eval/'): value for key, value in sampled.items()
-                  if key.startswith(('eval/correctness', 'eval/language_mismatch', 'eval/response_length'))}
+    with sharding.activate(mesh):   # the params stay sharded; the held-out rollouts split over the mesh
+      metrics = evals.evaluate(model_config, params, tokenizer, greedy_settings, examples=heldout, judge=judge)
+      if settings.eval_samples:  # what RL optimises: pass@1 of the policy as it samples
+        sampled = evals.evaluate(model_config, params, tokenizer, sampled_settings, examples=heldout, judge=judge)
+        metrics |= {SAMPLED_PREFIX + key.removeprefix('eval/'): value for key, value in sampled.items()
+                    if key.startswith(('eval/correctness', 'eval/language_mismatch', 'eval/response_length'))}
     return metrics
 
   rendered = [rollouts.render_prompt(tokenizer, e) for e in selected]
-  prompt_batches = iter(pipeline.shard(grain.MapDataset.range(len(selected))).shuffle(seed=config.seed).repeat()
-                        .batch(config.batch_size // jax.process_count()).to_iter_dataset())
+  # Every process draws the same global batch of prompts and samples all of its rollouts together (`sampling.rollout`
+  # over processes); each then feeds its own rows of the update's batch, so a run does not depend on the process count.
+  prompt_batches = iter(grain.MapDataset.range(len(selected)).shuffle(seed=config.seed).repeat()
+                        .batch(config.batch_size).to_iter_dataset(pipeline.ON_DEMAND))
 
   reference = reference_params = None
   if settings.kl_beta > 0:  # β = 0 holds no reference params at all
@@ -448,12 +454,13 @@ def run(config, workdir: str) -> None:
                                           score_multiple=config.sampling.max_new_tokens)
     if reference is not None:
       full = {k: v for k, v in batch.items() if k != 'score_columns'}  # [B, T] like the other per-token fields
-      batch['ref_logprobs'] = np.pad(np.asarray(reference(reference_params, full)), ((0, 0), (1, 0)))
+      with sharding.activate(mesh):
+        batch['ref_logprobs'] = np.pad(distributed.to_host(reference(reference_params, full)), ((0, 0), (1, 0)))
     metrics = rollout_metrics(groups, zero_variance)
     generated = sum(int(s.rollout.loss_mask.sum()) for group in groups for s in group)
     metrics['perf/rollout_tokens_per_sec'] = generated / (time.perf_counter() - start)
     judging.save(judge, workdir)
-    return batch, metrics | judging.metrics(judge)
+    return update_fn.local_rows(batch), metrics | judging.metrics(judge)
 
   loss = functools.partial(loss_fn, model_config=model_config, temperature=config.sampling.temperature,
                            clip_epsilon=settings.clip_epsilon, kl_beta=settings.kl_beta, normalize=settings.normalize)

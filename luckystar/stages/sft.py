@@ -34,6 +34,7 @@ from luckystar.engine import loop
 from luckystar.engine import optim
 from luckystar.engine import state as state_lib
 from luckystar.engine import step as step_lib
+from luckystar.model import sharding
 
 
 
@@ -154,11 +155,12 @@ def check_batch_size(config, mesh: jax.sharding.Mesh) -> None:
 
 
 
-def with_task_eval(eval_fn, model_config, tokenizer, settings: 'evals.Settings'):
+def with_task_eval(eval_fn, model_config, tokenizer, settings: 'evals.Settings', mesh: jax.sharding.Mesh):
   """Adds held-out task correctness (greedy generation, both modes, per task and language) to `eval_fn`."""
   def combined(params, step):
     metrics = dict(eval_fn(params, step)) if eval_fn is not None else {}
-    metrics.update(evals.evaluate(model_config, jax.device_get(params), tokenizer, settings))
+    with sharding.activate(mesh):   # the params stay sharded; the rollouts split over the mesh
+      metrics.update(evals.evaluate(model_config, params, tokenizer, settings))
     return metrics
   return combined
 
@@ -197,7 +199,7 @@ def run(config, workdir: str) -> None:
   if tokenizer is not None and config.sft.task_eval.per_task_language:
     task_eval = evals.Settings.from_config(config.sft.task_eval)
     eval_questions += [e.prompt for e in evals.select(task_eval, tokenizer)]
-    eval_fn = with_task_eval(eval_fn, model_config, tokenizer, task_eval)
+    eval_fn = with_task_eval(eval_fn, model_config, tokenizer, task_eval, mesh)
   artifacts.write_data_report(workdir, reports, train=[q for r in reports for q in r.questions],
                               evaluated=eval_questions)
   loop.run_training(config, workdir, state=state, update_fn=update_fn, batches=batches, eval_fn=eval_fn,

@@ -1,7 +1,8 @@
-"""Ahead-of-time memory plan of the training steps on a large mesh, before any device is touched.
+"""Ahead-of-time memory plan of the training steps and the rollout on a large mesh, before any device is touched.
 
     python -m luckystar.aot_plan                      # command_a_111b on 256 fake CPU devices
     python -m luckystar.aot_plan --layouts=1x256x1 --remat=full --steps=sft
+    python -m luckystar.aot_plan --layouts=1x32x8 --steps=rollout
 
 Lowers and compiles the SFT train step and the RLOO update (`step.make_update_fn` on `logprobs.token_cross_entropy`
 and `rlvr.loss_fn`, exactly what the stages run) for abstract inputs: the train state is
@@ -16,6 +17,13 @@ same shardings and shapes as on TPU/GPU, but not their fusion, layouts or collec
 read them as a plan, not a measurement. The SFT batch is scored at every position (no
 `score_columns`: the most a batch can need); the RLOO batch is one row per rollout with full-vocabulary
 log-probs at every position, as `rlvr.loss_fn` computes them.
+
+`--steps=rollout` compiles the programs `sampling.rollout` runs for a step of rollouts (`rollout_plans`):
+`_init_state` (the empty KV cache), `_admit_in_place` (a prompt prefilled into every slot) and
+`_generate` (the whole decode loop), with `sampling.CachedDecoder`; the cache is `model.init_cache` of
+prompt + new tokens, sharded by `model.cache_shardings` (rows over data × fsdp, KV heads over tensor).
+The params and KV cache columns are per-device sizes computed from shapes and shardings, a check on XLA's
+arguments.
 """
 
 import os
@@ -32,14 +40,17 @@ import argparse
 import dataclasses
 import functools
 import itertools
+import math
 import resource
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from luckystar import config as config_lib
 from luckystar import model
+from luckystar import sampling
 from luckystar.engine import logprobs, optim
 from luckystar.engine import state as state_lib
 from luckystar.engine import step as step_lib
@@ -47,20 +58,22 @@ from luckystar.model import sharding
 from luckystar.stages import rlvr
 
 HBM_BYTES = {'v5p': 95 * 10**9, 'H100': 80 * 10**9}
-STEPS = ('sft', 'rlvr')
+STEPS = ('sft', 'rlvr', 'rollout')
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  step: str              # 'sft' or 'rlvr'
+  step: str              # 'sft', 'rlvr' or 'rollout/{init,admit,decode}'
   layout: tuple[int, int, int]   # (data, fsdp, tensor)
-  remat: str             # 'policy/scope'
+  remat: str             # 'policy/scope' ('-' when decoding: no gradients)
   batch: int             # global rows
-  seq_len: int
+  seq_len: int           # tokens per row (rollout: the cache's columns)
   grad_accum_steps: int
-  argument_bytes: int    # per device: state + batch
+  params_bytes: int      # per device, from the params' shapes and shardings
+  cache_bytes: int       # per device, the KV cache's likewise (0: none)
+  argument_bytes: int    # per device: state + batch, or params + cache + sampler inputs
   output_bytes: int
-  alias_bytes: int       # outputs written in place of donated arguments (the state)
+  alias_bytes: int       # outputs written in place of donated arguments (the state, the cache)
   temp_bytes: int        # activations, gradients, optimizer temporaries
   code_bytes: int
   compile_s: float
@@ -93,13 +106,43 @@ def batch_structs(step: str, batch: int, seq_len: int, mesh: jax.sharding.Mesh) 
   return fields
 
 
+def sharded_bytes(tree: Any) -> int:
+  """Bytes one device holds of a pytree of ShapeDtypeStructs with shardings (a replicated leaf counts whole)."""
+  return sum(math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
+
+
+def with_shardings(tree: Any, shardings: Any) -> Any:
+  return jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s), tree, shardings)
+
+
+def measure(step: str, jitted: Any, *args, static: dict[str, Any] | None = None, **fields) -> tuple[Plan, Any]:
+  """Lowers and compiles `jitted` for abstract `args` (and `static` keyword arguments) and reads XLA's
+  per-device memory → (Plan of `step` with `fields`, the compiled program)."""
+  start = time.perf_counter()
+  compiled = jitted.lower(*args, **(static or {})).compile()
+  stats = compiled.memory_analysis()
+  return Plan(step=step, argument_bytes=stats.argument_size_in_bytes, output_bytes=stats.output_size_in_bytes,
+              alias_bytes=stats.alias_size_in_bytes, temp_bytes=stats.temp_size_in_bytes,
+              code_bytes=stats.generated_code_size_in_bytes, compile_s=time.perf_counter() - start, **fields), compiled
+
+
+def abstract_state(model_config: model.ModelConfig, mesh: jax.sharding.Mesh) -> tuple[Any, Any, state_lib.TrainState]:
+  """(config, optimizer, `state.abstract`) with the shared optimizer settings (AdamW, moments in the param dtype)."""
+  config = config_lib.base('sft')
+  optimizer = optim.make(config)
+  return config, optimizer, state_lib.abstract(model_config, optimizer, mesh)
+
+
+def replicated_key(mesh: jax.sharding.Mesh) -> jax.ShapeDtypeStruct:
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
+
+
 def plan(step: str, model_config: model.ModelConfig, layout: tuple[int, int, int], *, batch: int, seq_len: int,
          grad_accum_steps: int = 1) -> Plan:
   """Compiles one step for `layout` and reads its per-device memory; nothing is allocated."""
   mesh = sharding.make_mesh(layout)
-  config = config_lib.base('sft')   # the shared optimizer settings (AdamW, moments in the param dtype)
-  optimizer = optim.make(config)
-  state = state_lib.abstract(model_config, optimizer, mesh)
+  config, optimizer, state = abstract_state(model_config, mesh)
   if step == 'sft':
     loss, denominator = functools.partial(logprobs.token_cross_entropy, model_config=model_config), 'tokens'
   else:
@@ -107,29 +150,57 @@ def plan(step: str, model_config: model.ModelConfig, layout: tuple[int, int, int
   update_fn = step_lib.make_update_fn(loss, optimizer, jax.tree.map(lambda s: s.sharding, state), mesh=mesh,
                                       learning_rate=optim.learning_rate_schedule(config),
                                       grad_accum_steps=grad_accum_steps, denominator=denominator)
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
-  start = time.perf_counter()
-  compiled = update_fn.lower(state, batch_structs(step, batch, seq_len, mesh), rng).compile()
-  compile_s = time.perf_counter() - start
-  stats = compiled.memory_analysis()
-  return Plan(step=step, layout=layout, remat=f'{model_config.remat_policy}/{model_config.remat_scope}',
-              batch=batch, seq_len=seq_len,
-              grad_accum_steps=grad_accum_steps, argument_bytes=stats.argument_size_in_bytes,
-              output_bytes=stats.output_size_in_bytes, alias_bytes=stats.alias_size_in_bytes,
-              temp_bytes=stats.temp_size_in_bytes, code_bytes=stats.generated_code_size_in_bytes,
-              compile_s=compile_s)
+  return measure(step, update_fn, state, batch_structs(step, batch, seq_len, mesh), replicated_key(mesh),
+                 layout=layout, remat=f'{model_config.remat_policy}/{model_config.remat_scope}', batch=batch,
+                 seq_len=seq_len, grad_accum_steps=grad_accum_steps, params_bytes=sharded_bytes(state.params),
+                 cache_bytes=0)[0]
+
+
+def rollout_plans(model_config: model.ModelConfig, layout: tuple[int, int, int], *, rows: int, prompt_len: int,
+                  max_new_tokens: int) -> list[Plan]:
+  """Compiles the programs `sampling.rollout` runs for `rows` slots (prompts × samples) and reads their
+  per-device memory; nothing is allocated.
+
+  init: `_init_state`, the empty cache (laid out by `model.init_cache`'s constraints).
+  admit: the prefill of a prompt of `prompt_len` tokens in every slot: `_admit_in_place`, which `rollout` runs
+  when the rows are split over devices; its cache is in `model.cache_shardings`' layout.
+  decode: `_generate`, the decode loop of `max_new_tokens` (the multiple of 64 `rollout` rounds to), taking
+  what admit returns (its logits and cache, with the shardings XLA gave them). The host loop's numpy inputs
+  are ShapeDtypeStructs without sharding, as jit sees numpy arrays.
+  """
+  mesh = sharding.make_mesh(layout)
+  decoder = sampling.CachedDecoder(model_config)
+  params = abstract_state(model_config, mesh)[2].params
+  cache_len = prompt_len + max_new_tokens
+  cache = with_shardings(jax.eval_shape(lambda: decoder.init(rows, cache_len)),
+                         model.cache_shardings(model_config, mesh))
+  host = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype)
+  fields = dict(layout=layout, remat='-', batch=rows, seq_len=cache_len, grad_accum_steps=1,
+                params_bytes=sharded_bytes(params), cache_bytes=sharded_bytes(cache))
+  with sharding.activate(mesh):   # as `rollout` runs under the stage's mesh: the model's constraints bind to it
+    init, _ = measure('rollout/init', sampling._init_state,
+                      static=dict(decoder=decoder, batch=rows, max_length=cache_len), **fields)
+    admit, compiled = measure('rollout/admit', sampling._admit_in_place, decoder, params, cache,
+                              host(rows, prompt_len), host(rows), host(rows, dtype=bool), **fields)
+    logits, admitted = compiled.out_info
+    decode, _ = measure('rollout/decode', sampling._generate, decoder, params, admitted, logits, host(rows),
+                        host(rows, dtype=bool), host(rows), sampling._stop_array(()), replicated_key(mesh), host(rows),
+                        host(rows), host(), static=dict(max_new_tokens=max_new_tokens,
+                                                        settings=sampling.SamplingSettings()), **fields)
+  return [init, admit, decode]
 
 
 def table(plans: list[Plan]) -> str:
-  """A markdown table, one row per compiled step."""
-  gb = lambda n: f'{n / 1e9:.1f}'
-  lines = ['| step | data×fsdp×tensor | remat | batch × seq (micro-batches) | state + batch GB | temporaries GB | '
-           'per device GB | v5p 95 GB | H100 80 GB | compile s |',
-           '|---|---|---|---|---|---|---|---|---|---|']
+  """A markdown table, one row per compiled program."""
+  gb = lambda n: f'{n / 1e9:.1f}' if n else '-'
+  lines = ['| step | data×fsdp×tensor | remat | batch × seq (micro-batches) | params GB | KV cache GB | '
+           'arguments GB | outputs GB | aliased GB | temporaries GB | per device GB | v5p 95 GB | H100 80 GB | '
+           'compile s |',
+           '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
   for p in plans:
     lines.append(f'| {p.step} | {"×".join(map(str, p.layout))} | {p.remat} | {p.batch} × {p.seq_len} '
-                 f'({p.grad_accum_steps}) | {gb(p.argument_bytes)} | {gb(p.temp_bytes)} | **{gb(p.device_bytes)}** | '
+                 f'({p.grad_accum_steps}) | {gb(p.params_bytes)} | {gb(p.cache_bytes)} | {gb(p.argument_bytes)} | '
+                 f'{gb(p.output_bytes)} | {gb(p.alias_bytes)} | {gb(p.temp_bytes)} | **{gb(p.device_bytes)}** | '
                  f'{"fits" if p.fits("v5p") else "no"} | {"fits" if p.fits("H100") else "no"} | {p.compile_s:.0f} |')
   return '\n'.join(lines)
 
@@ -145,6 +216,10 @@ def main(argv=None) -> None:
   parser.add_argument('--sft_seq_len', type=int, default=8192)
   parser.add_argument('--rlvr_batch', type=int, default=256, help='rollouts per update (prompts × k)')
   parser.add_argument('--rlvr_seq_len', type=int, default=4096, help='prompt + generated tokens')
+  parser.add_argument('--rollout_rows', type=int, default=256, help='rollout slots (prompts × samples per prompt)')
+  parser.add_argument('--rollout_prompt_len', type=int, default=1024, help='padded prompt width')
+  parser.add_argument('--rollout_new_tokens', type=int, default=31744, help='decode loop length (cache: prompt + '
+                      'this)')
   parser.add_argument('--grad_accum_steps', default='1', help='comma-separated micro-batch counts')
   parser.add_argument('--attention', default='blockwise', help='attention_impl (model.attention; the fake '
                       'devices are CPUs, so `auto` would mean their choice, not the accelerator\'s)')
@@ -159,9 +234,16 @@ def main(argv=None) -> None:
     if step not in STEPS:
       raise SystemExit(f'error: --steps entry {step!r}; expected one of {STEPS}')
     batch, seq_len = (args.sft_batch, args.sft_seq_len) if step == 'sft' else (args.rlvr_batch, args.rlvr_seq_len)
+    get_config = functools.partial(model.get, args.size, param_dtype='bfloat16', dtype='bfloat16',
+                                   attention_impl=args.attention)
+    if step == 'rollout':   # decoding takes no gradients: remat and micro-batches do not apply
+      for layout in map(parse_layout, args.layouts.split(',')):
+        plans += rollout_plans(get_config(), layout, rows=args.rollout_rows, prompt_len=args.rollout_prompt_len,
+                               max_new_tokens=args.rollout_new_tokens)
+        print('\n'.join(table(plans[-3:]).splitlines()[2:]), flush=True)
+      continue
     for remat, scope in itertools.product(args.remat.split(','), args.remat_scope.split(',')):
-      model_config = model.get(args.size, param_dtype='bfloat16', dtype='bfloat16', remat_policy=remat,
-                               remat_scope=scope, attention_impl=args.attention)
+      model_config = get_config(remat_policy=remat, remat_scope=scope)
       for layout in map(parse_layout, args.layouts.split(',')):
         for accum in map(int, args.grad_accum_steps.split(',')):
           plans.append(plan(step, model_config, layout, batch=batch, seq_len=seq_len, grad_accum_steps=accum))

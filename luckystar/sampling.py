@@ -501,8 +501,8 @@ def _admit_chunks(decoder: Decoder, params: Any, state: Any, feed: list[list[int
                   continuing: np.ndarray, length_multiple: int) -> tuple[Array, Any] | None:
   """Runs `_admit` on the slots whose feed is more than a continuing row's last token: new prompts (identical
   ones prefilled once) and spliced tool turns. Sizes are bucketed (rows to a power of two, widths to a power
-  of two up to length_multiple, then its multiples) so that a run reuses a few programs. None: nothing to
-  admit."""
+  of two up to length_multiple, then its multiples) so that a run reuses a few programs. With the rows split
+  over devices, `_admit_in_place` instead. None: nothing to admit."""
   chunks, sources, fresh_chunks, targets, picks, shared = [], [], [], [], [], {}
   for slot, tokens in enumerate(feed):
     if not tokens or continuing[slot]:
@@ -520,6 +520,15 @@ def _admit_chunks(decoder: Decoder, params: Any, state: Any, feed: list[list[int
   if not chunks:
     return None
   slots = len(feed)
+  if _batch_devices() > 1:
+    # Rows split over devices: gathering a few of them (`_admit`'s take/put) would make XLA copy the whole
+    # cache onto every device, so every slot takes its chunk in place (a shared prompt prefilled per sample).
+    width = max(len(chunks[pick]) for pick in picks)
+    width = _bucket(width, length_multiple) if width > length_multiple else _power_of_two(width)
+    tokens, lengths = np.full((slots, width), PAD_ID, np.int32), np.zeros(slots, np.int32)
+    for slot, pick in zip(targets, picks):
+      tokens[slot, :len(chunks[pick])], lengths[slot] = chunks[pick], len(chunks[pick])
+    return _admit_in_place(decoder, params, state, tokens, lengths, np.asarray(fresh, bool))
   tokens, lengths = right_pad(chunks)
   rows, width = _power_of_two(len(chunks)), tokens.shape[1]
   width = _bucket(width, length_multiple) if width > length_multiple else _power_of_two(width)
@@ -529,6 +538,16 @@ def _admit_chunks(decoder: Decoder, params: Any, state: Any, feed: list[list[int
   return _admit(decoder, params, state, tokens, pad(lengths, rows, 0), pad(sources, rows, 0),
                 pad(fresh_chunks, rows, 0).astype(bool), pad(targets, destinations, slots),
                 pad(picks, destinations, 0), slots=slots)
+
+
+@functools.partial(jax.jit, static_argnames=('decoder',), donate_argnames=('state',))
+def _admit_in_place(decoder: Decoder, params: Any, state: Any, tokens: Array, lengths: Array, fresh: Array
+                    ) -> tuple[Array, Any]:
+  """`_admit` through the whole batch: slot b appends tokens[b, :lengths[b]] (emptied first where fresh[b]),
+  the others are left as they were. Returns (logits [slots, V], zero where nothing landed; state)."""
+  tokens = constrain(tokens.astype(jnp.int32), ('batch', 'length'))
+  logits, state = decoder.extend(params, tokens, lengths, decoder.reset(state, fresh))
+  return jnp.where((lengths > 0)[:, None], logits, 0), state
 
 
 def _power_of_two(value: int) -> int:

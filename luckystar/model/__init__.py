@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from luckystar.model import sharding
-from luckystar.model.cohere2 import CACHE_AXES, Decoder, cache_slots
+from luckystar.model.cohere2 import CACHE_AXES, Decoder, cache_slots, constrain
 from luckystar.model.config import FULL, SIZES, SLIDING, ModelConfig, get, pattern_layer_types
 
 __all__ = ['Decoder', 'ModelConfig', 'SIZES', 'SLIDING', 'FULL', 'get', 'pattern_layer_types', 'sharding',
@@ -80,8 +80,11 @@ def init_cache(config: ModelConfig, batch: int, max_length: int) -> dict[str, An
   for i, layer_type in enumerate(config.layer_types[:period]):
     shape = (groups, batch, config.num_kv_heads, cache_slots(config, layer_type == SLIDING, max_length),
              config.head_dim)
-    layers[f'layer_{i}'] = {'k': jnp.zeros(shape, config.dtype), 'v': jnp.zeros(shape, config.dtype)}
-  return {'index': jnp.zeros((batch,), jnp.int32), 'layers': layers}
+    # Laid out by the logical table under `sharding.activate` (rows over data × fsdp, KV heads over tensor);
+    # unconstrained, a jitted init would make every device hold the whole cache.
+    empty = lambda: constrain(jnp.zeros(shape, config.dtype), CACHE_AXES)
+    layers[f'layer_{i}'] = {'k': empty(), 'v': empty()}
+  return {'index': constrain(jnp.zeros((batch,), jnp.int32), ('batch',)), 'layers': layers}
 
 
 def cache_logical_axes(config: ModelConfig) -> dict[str, Any]:

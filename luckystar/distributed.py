@@ -57,7 +57,8 @@ def maybe_initialize(settings: Any) -> bool:
 
 def owner(index: int, count: int) -> int:
   """The process that computes host work for item `index` of `count`: contiguous, near-equal blocks in process
-  order (the rows each process feeds to a batch sharded over `data × fsdp`)."""
+  order (with the mesh's devices in process order, the rows each process feeds to a batch sharded over
+  `data × fsdp`)."""
   return index * jax.process_count() // count
 
 
@@ -77,13 +78,21 @@ def allgather_objects(items: Sequence[Any]) -> list[Any]:
 def run_owned(fn: Callable[[int], Any], indices: Sequence[int], count: int) -> list[Any]:
   """[fn(i) for i in indices] (each i one of `count` rows), each computed only by `owner(i, count)` and shared
   with every process (a collective when there are several). Every process passes the same indices; fn's results
-  must pickle."""
+  must pickle. An exception in fn on its owner is raised on every process (as a RuntimeError naming it)."""
   if jax.process_count() == 1 or not indices:   # every process passes the same indices: none means no collective
     return [fn(i) for i in indices]
   me = jax.process_index()
-  mine = [(k, fn(i)) for k, i in enumerate(indices) if owner(i, count) == me]
+  mine = []
+  for k, i in enumerate(indices):
+    if owner(i, count) == me:
+      try:
+        mine.append((k, fn(i), None))
+      except Exception as e:  # pylint: disable=broad-except
+        mine.append((k, None, f'{type(e).__name__}: {e}'))   # every process raises it, none waits forever
   results = [None] * len(indices)
-  for k, value in allgather_objects(mine):
+  for k, value, error in allgather_objects(mine):
+    if error is not None:
+      raise RuntimeError(f'item {indices[k]} failed on process {owner(indices[k], count)}: {error}')
     results[k] = value
   return results
 

@@ -408,6 +408,7 @@ class _Row:
   thinking: list[str] = dataclasses.field(default_factory=list)   # of the turns before the current one
   tool_results: list[str] = dataclasses.field(default_factory=list)
   turn_start: int = 0     # where the current assistant turn starts in ids
+  calling_thinking: str | None = None   # the thinking of the turn whose tool is being called
   stop_reason: str | None = None
 
 
@@ -574,6 +575,7 @@ def _take_turn(row: _Row, out: SampleOutput, slot: int, tokenizer: tokenizer_lib
     return []
   turn = tokenizer.parse_assistant(row.ids[row.turn_start:])   # stopped at END_ACTION
   row.actions.append(turn.action or '')
+  row.calling_thinking = turn.thinking
   if len(row.tool_results) == max_tool_turns:
     row.stop_reason = 'tool_limit'
     return []
@@ -590,8 +592,7 @@ def _splice(row: _Row, result: str | None, tokenizer: tokenizer_lib.Tokenizer, m
   if result is None:
     row.stop_reason = 'action'
     return []
-  thinking = tokenizer.parse_assistant(row.ids[row.turn_start:]).thinking   # the turn that called the tool
-  row.thinking += [thinking] if thinking is not None else []
+  row.thinking += [row.calling_thinking] if row.calling_thinking is not None else []
   body, text = tokenizer.tool_result_ids(result, max_tool_result_tokens)
   row.tool_results.append(text)
   splice = tokenizer.tool_round_trip(body)

@@ -4,9 +4,9 @@ PROCESSES` (JAX_COORDINATOR_ADDRESS set when PROCESSES > 1).
 A random model nudged to call tools (`test_sampling.Nudged`) samples 8 rows in 4 slots with its params split
 over every process's devices (fsdp). The scripted tool answers only the second half of the rows (those process 1
 owns when there are two): they take up to 3 tool turns each while the first half ends at its first action,
-so one process's rows keep decoding and calling tools long after the other's are done. Writes OUT_DIR/
-process_<i>.json: every row's tokens, log-probs, tool results and stop reason, and the rows whose tool this
-process ran."""
+so one process's rows keep decoding and calling tools long after the other's are done. Then row 5's host work
+raises on its owner. Writes OUT_DIR/process_<i>.json: every row's tokens, log-probs, tool results and stop
+reason, the rows whose tool this process ran, and the error it raised."""
 
 import json
 import pathlib
@@ -15,6 +15,7 @@ import sys
 import jax
 import numpy as np
 
+from luckystar import distributed
 from luckystar import model
 from luckystar import sampling
 from luckystar.model import sharding
@@ -43,7 +44,12 @@ def main(out_dir: str, process: int, processes: int) -> None:
     rollouts = sampling.rollout(test_sampling.Nudged(sampling.CachedDecoder(config)), params,
                                 test_sampling.TOKENIZER, prompts, rng=jax.random.key(3), max_new_tokens=48,
                                 tool_fn=tool_fn, max_tool_turns=3, temperature=1.0, length_multiple=16, slots=4)
-  record = {'called': sorted(set(called)), 'rows': [
+  try:   # a row's host work fails on its owner: every process raises, none waits for the others forever
+    distributed.run_owned(lambda row: 1 // (row - 5), range(ROWS), ROWS)
+    error = None
+  except (RuntimeError, ZeroDivisionError) as e:
+    error = str(e)
+  record = {'called': sorted(set(called)), 'error': error, 'rows': [
       {'tokens': r.token_ids.tolist(), 'logprobs': r.untruncated_logprobs.tolist(), 'tool_results': r.tool_results,
        'stop_reason': r.stop_reason} for r in rollouts]}
   (pathlib.Path(out_dir) / f'process_{process}.json').write_text(json.dumps(record))

@@ -4,7 +4,7 @@ would fail.
 
 - A scripted rollout (tests/multihost_rollout.py): the rows process 1 owns take three tool turns each while
   process 0's end at their first action; both processes sample the 1-process run's tokens, and each ran only
-  its own rows' tools.
+  its own rows' tools; a row whose host work fails on its owner makes both processes raise.
 - The RL chain of the smoke pipeline (tests/multihost_chain.py: rejection sampling → RLVR → DPO → eval), both
   processes killed after RLVR's step-1 checkpoint and re-run: every artifact and figure of the 1-process run.
 """
@@ -73,6 +73,8 @@ def test_uneven_tool_turns_over_processes_sample_the_one_process_tokens(runs):
   assert sum(turns[:half]) == 0 and min(turns[half:]) >= 2, turns   # the uneven work happened
   assert alone['called'] == list(range(2 * half))
   assert [record['called'] for record in both] == [list(range(half)), list(range(half, 2 * half))]  # owners only
+  for record in both:   # row 5 failed on process 1: both raise instead of waiting on each other
+    assert record['error'].startswith('item 5 failed on process 1: ZeroDivisionError'), record['error']
   for record in both:   # every process ends with every row
     for a, b in zip(record['rows'], alone['rows']):
       assert (a['tokens'], a['tool_results'], a['stop_reason']) == (b['tokens'], b['tool_results'], b['stop_reason'])

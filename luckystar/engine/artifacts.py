@@ -43,7 +43,9 @@ def load_or_build(workdir: str | pathlib.Path, record_name: str, fingerprint: Ma
   simply other data)."""
   workdir, fingerprint = pathlib.Path(workdir), plain(fingerprint)
   path = workdir / record_name
-  if path.is_file():
+  exists = path.is_file()
+  distributed.barrier(f'artifact {path} looked up')   # every process decides before process 0 may write it
+  if exists:
     saved = json.loads(path.read_text(encoding='utf-8'))
     if saved.get('fingerprint') == fingerprint:
       logging.info('%s: reusing %s', what, path)

@@ -93,6 +93,10 @@ def make(config: Any, workdir: str | os.PathLike | None) -> judge_lib.Judge | No
   judge_settings = settings(config)
   if judge_settings['backend'] == 'none':
     return None
+  if judge_settings['backend'] == 'model' and jax.process_count() > 1:
+    # Its rollouts would run on one process under a mesh that spans them all (a verdict is its row owner's).
+    raise errors.UserError("config.judge.backend='model' runs in one process only; under several processes "
+                           "serve the judge model (python -m luckystar.serve) and use config.judge.backend='http'")
   generate_fn = _model_generate_fn(judge_settings) if judge_settings['backend'] == 'model' else None
   try:
     judge = judge_lib.make_judge(judge_settings, generate_fn=generate_fn)

@@ -95,9 +95,9 @@ def tokenizer_of(initial: Initial, init_from: str) -> tokenizer_lib.Tokenizer:
 def load_model(config, mesh: jax.sharding.Mesh | None = None) -> 'loading.Model':
   """`config.init_from` as a `loading.Model` with its tokenizer, for stages that sample or score without
   training; 'random:<size>' initialises from `config.seed` (an untrained model: for smoke tests only).
-  With `mesh`, the params are sharded over it by the logical table (a float transformers checkpoint streamed
-  onto it block by block, as `start` does), so they need not fit one host or one device; int4 params stay
-  on the host."""
+  With `mesh`, the params are sharded over it by the logical table: a float transformers checkpoint is streamed
+  onto it block by block (as `start` does), so it need not fit one device; a luckystar checkpoint is read whole
+  on each host first; int4 params stay on the host."""
   from luckystar.engine import loading  # pylint: disable=g-import-not-at-top
   from luckystar.quant import quantize  # pylint: disable=g-import-not-at-top
   initial = initial_model(config.init_from, config.get('model_overrides'), config.get('chat_format', 'auto'),

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from luckystar import errors
 from luckystar.model import sharding
 from luckystar.engine.state import TrainState
 
@@ -56,6 +57,15 @@ class MeshFunction:
     """This process's rows → global arrays sharded over the batch axis (the global batch is
     `process_count` times the local one)."""
     return {k: jax.make_array_from_process_local_data(self.batch_sharding, v) for k, v in local_batch.items()}
+
+
+def check_rows(rows: int, mesh: jax.sharding.Mesh, what: str) -> None:
+  """A UserError when a batch of `rows` global rows (`what` says which config keys make it) does not split over
+  the mesh's data × fsdp devices, and so over the processes."""
+  devices = mesh.shape['data'] * mesh.shape['fsdp']
+  if rows % devices:
+    raise errors.UserError(f'{what} = {rows} rows per step, which do not split over the mesh\'s data×fsdp = '
+                           f'{devices} devices')
 
 
 def batch_sharding(mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:

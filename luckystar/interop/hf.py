@@ -337,8 +337,8 @@ def hf_blocks(params: Any, config: ModelConfig) -> Iterator[Block]:
         frozen = node[AQT_NAME]['qrhs']
         for g in range(config.num_layers // period):
           prefix = f'model.layers.{g * period + i}.{hf_name.removesuffix("weight")}'
-          tensors = compressed.to_hf(distributed.to_host(frozen['value'][g]), distributed.to_host(frozen['scale'][g]), config.quant,
-                                     jax.numpy.dtype(config.quant.scale_dtype))
+          value, scale = distributed.to_host((frozen['value'][g], frozen['scale'][g]))
+          tensors = compressed.to_hf(value, scale, config.quant, jax.numpy.dtype(config.quant.scale_dtype))
           if jax.process_index() == 0:
             yield from ((prefix + suffix, _whole(t.shape), t) for suffix, t in tensors.items())
         continue
@@ -687,5 +687,3 @@ def save_hf(path: str | pathlib.Path, config: ModelConfig, params: Any, *, dtype
     raise
   finally:
     distributed.barrier(f'save_hf {path} done')
-
-

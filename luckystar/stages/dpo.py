@@ -532,11 +532,13 @@ def params_digest(params: Any) -> str:
 def _checksums(leaf: jax.Array) -> jax.Array:
   """[3] uint32 sums (wrapping) of the leaf's bits, two of them weighted by position: a changed value or order
   changes them."""
-  bits = leaf.reshape(-1)
+  bits = leaf
   if bits.dtype.itemsize in (2, 4):
     bits = jax.lax.bitcast_convert_type(bits, jnp.uint16 if bits.dtype.itemsize == 2 else jnp.uint32)
   bits = bits.astype(jnp.uint32)
-  index = jnp.arange(bits.size, dtype=jnp.uint32)
+  index = jnp.zeros(leaf.shape, jnp.uint32)   # the row-major position (mod 2³²), built in place: no reshape
+  for axis, size in enumerate(leaf.shape):    # of a sharded leaf, which would gather it
+    index = index * jnp.uint32(size) + jax.lax.broadcasted_iota(jnp.uint32, leaf.shape, axis)
   return jnp.stack([bits.sum(dtype=jnp.uint32), (bits * (index * jnp.uint32(2654435761) + 1)).sum(dtype=jnp.uint32),
                     ((bits ^ (index * jnp.uint32(40503))) * jnp.uint32(2246822519)).sum(dtype=jnp.uint32)])
 
@@ -595,6 +597,7 @@ def run(config, workdir: str) -> None:
   workdir = pathlib.Path(workdir)
   settings = config.dpo
   model_config, mesh, optimizer, state, tokenizer = state_lib.start(config, workdir)
+  step_lib.check_rows(config.batch_size, mesh, f'config.batch_size={config.batch_size} pairs')
 
   # The starting params, before a resumed run restores its checkpoint: the policy that samples and the reference.
   with sharding.activate(mesh):   # pair sampling's rollouts split over the mesh

@@ -234,7 +234,7 @@ def evaluate(respond: evals.Respond, tokenizer: tokenizer_lib.Tokenizer, setting
       plan.append((name, 'pass@k', examples))
   out = {'suites': collections.defaultdict(dict), 'overall': {}, 'skipped': skipped}
   pooled = collections.defaultdict(list)
-  bar = tqdm.tqdm(plan, desc='eval', unit='suite', disable=not progress)
+  bar = tqdm.tqdm(plan, desc='eval', unit='suite', disable=not progress or jax.process_index() != 0)
   for name, mode, examples in bar:
     bar.set_postfix_str(f'{name}/{mode} ({len(examples)} prompts)')
     if mode == 'pass@k':

@@ -334,12 +334,9 @@ def check_config(config) -> None:
   if not config.sampling.temperature > 0:   # the loss divides logits by it: 0 would make every update NaN (skipped)
     raise errors.UserError(f'config.sampling.temperature={config.sampling.temperature}: RLVR samples its '
                            'rollouts and scores them at this temperature, so it must be > 0')
-  mesh = sharding.make_mesh(dict(config.mesh))   # the update's rows split over its batch devices
-  rows, batch_devices = config.batch_size * config.rlvr.samples_per_prompt, mesh.shape['data'] * mesh.shape['fsdp']
-  if rows % batch_devices:
-    raise errors.UserError(f'config.batch_size={config.batch_size} prompts × config.rlvr.samples_per_prompt='
-                           f'{config.rlvr.samples_per_prompt} rollouts per step do not split over the mesh\'s '
-                           f'data×fsdp = {batch_devices} devices')
+  step_lib.check_rows(config.batch_size * config.rlvr.samples_per_prompt, sharding.make_mesh(dict(config.mesh)),
+                      f'config.batch_size={config.batch_size} prompts × config.rlvr.samples_per_prompt='
+                      f'{config.rlvr.samples_per_prompt} rollouts')
 
 
 def eval_pool(config, tokenizer: Tokenizer, pool: Sequence[Example]) -> list[Example]:

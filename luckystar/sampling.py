@@ -524,15 +524,13 @@ def _admit_chunks(decoder: Decoder, params: Any, state: Any, feed: list[list[int
   if _batch_devices() > 1:
     # Rows split over devices: gathering a few of them (`_admit`'s take/put) would make XLA copy the whole
     # cache onto every device, so every slot takes its chunk in place (a shared prompt prefilled per sample).
-    width = max(len(chunks[pick]) for pick in picks)
-    width = _bucket(width, length_multiple) if width > length_multiple else _power_of_two(width)
+    width = _chunk_width(max(map(len, chunks)), length_multiple)
     tokens, lengths = np.full((slots, width), PAD_ID, np.int32), np.zeros(slots, np.int32)
     for slot, pick in zip(targets, picks):
       tokens[slot, :len(chunks[pick])], lengths[slot] = chunks[pick], len(chunks[pick])
     return _admit_in_place(decoder, params, state, tokens, lengths, np.asarray(fresh, bool))
   tokens, lengths = right_pad(chunks)
-  rows, width = _power_of_two(len(chunks)), tokens.shape[1]
-  width = _bucket(width, length_multiple) if width > length_multiple else _power_of_two(width)
+  rows, width = _power_of_two(len(chunks)), _chunk_width(tokens.shape[1], length_multiple)
   tokens = np.pad(tokens, ((0, rows - len(chunks)), (0, width - tokens.shape[1])), constant_values=PAD_ID)
   pad = lambda values, size, fill: np.array(list(values) + [fill] * (size - len(values)), np.int32)
   destinations = _power_of_two(len(targets))
@@ -549,6 +547,11 @@ def _admit_in_place(decoder: Decoder, params: Any, state: Any, tokens: Array, le
   tokens = constrain(tokens.astype(jnp.int32), ('batch', 'length'))
   logits, state = decoder.extend(params, tokens, lengths, decoder.reset(state, fresh))
   return jnp.where((lengths > 0)[:, None], logits, 0), state
+
+
+def _chunk_width(width: int, length_multiple: int) -> int:
+  """An appended chunk's bucketed width: a power of two up to length_multiple, then its multiples."""
+  return _bucket(width, length_multiple) if width > length_multiple else _power_of_two(width)
 
 
 def _power_of_two(value: int) -> int:

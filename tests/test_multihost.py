@@ -113,8 +113,8 @@ def test_two_processes_run_the_rl_chain_to_the_one_process_figures(runs):
 
 
 def test_both_processes_killed_after_a_checkpoint_resume_there(runs):
-  for code, log in runs['crashed']:
-    assert code == -signal.SIGKILL, log[-3000:]
+  for code, log in runs['crashed']:   # each kills itself after step 1; jax.distributed aborts one whose peer died first
+    assert code in (-signal.SIGKILL, -signal.SIGABRT), log[-3000:]
   assert runs['after_crash'] == ['1']
   for code, log in runs['resumed']:
     assert code == 0 and 'resumed from' in log and 'at step 1' in log, log[-3000:]

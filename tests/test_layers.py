@@ -21,6 +21,7 @@ LAYER_ORDER = ('core', 'tasks', 'engine', 'stages', 'entry')
 # The most specific (longest) matching key wins; a module no key matches is a fault.
 LAYERS = {
     'luckystar.errors': 'core',
+    'luckystar.files': 'core',
     'luckystar.model.*': 'core',
     'luckystar.tokenizer.*': 'core',
     'luckystar.tools.*': 'core',

@@ -9,9 +9,9 @@ package's `_answer`; answers math-verify cannot parse (prose such as "no such m"
 """
 
 import importlib.util
-import json
 import pathlib
 
+from luckystar import files
 from luckystar.data.examples import Example
 
 PACKAGE = 'champ_dataset'
@@ -38,8 +38,10 @@ def load(path: str | pathlib.Path | None = None) -> list[Example]:
   """Every problem as a math Example (split 'heldout'), in the file's order."""
   path = data_file() if path is None else pathlib.Path(path)
   try:
-    problems = json.loads(path.read_text(encoding='utf-8'))['problems']
-  except (OSError, ValueError, KeyError) as e:
+    problems = files.read_json(path)['problems']
+    if not isinstance(problems, dict):
+      raise TypeError('"problems" is not an object')
+  except (OSError, ValueError, KeyError, TypeError) as e:
     raise ValueError(f'{path}: not a CHAMP dataset file ({e!r}); expected {{"problems": {{id: ...}}}}') from None
   examples = []
   for key, problem in problems.items():

@@ -12,12 +12,11 @@ of the time, and RLVR, whose reward sees only the answer, teaches it that the to
 
 import hashlib
 import json
-import pathlib
 from typing import Sequence
 
 import numpy as np
 
-from luckystar import tools
+from luckystar import errors, files, tools
 from luckystar.errors import UserError
 from luckystar.data import nl2sql
 from luckystar.data.examples import Example, split_of
@@ -211,18 +210,16 @@ def read_rs_traces(path: str, tokenizer: Tokenizer) -> list[dict[str, np.ndarray
   does a trace of another tokenizer (its `tokenizer` fingerprint, `Tokenizer.made`)."""
   vocab_size = tokenizer.vocab_size
   try:
-    lines = pathlib.Path(path).read_text(encoding='utf-8').splitlines()
-  except FileNotFoundError:
-    raise FileNotFoundError(f'{path}: no such rejection-sampling trace file (config.sft.rs_traces); '
-                            'run the rejection_sampling stage first, or set it to "" for none') from None
-  except (OSError, UnicodeDecodeError) as e:
-    raise UserError(f'{path}: cannot read it as a rejection-sampling trace file ({e})') from None
+    text = files.read_text(path, what='rejection-sampling trace file')
+  except errors.MissingFile:
+    raise errors.MissingFile(f'{path}: no such rejection-sampling trace file (config.sft.rs_traces); '
+                             'run the rejection_sampling stage first, or set it to "" for none') from None
   traces = []
-  for number, line in enumerate(lines, start=1):
+  for number, line in enumerate(text.split('\n'), start=1):   # not splitlines(): U+2028 may sit inside a string
     if not line.strip():
       continue
+    record = files.loads(line, f'{path}:{number}')
     try:
-      record = json.loads(line)
       if not isinstance(record, dict) or record.get('mode') != 'reasoning':
         raise ValueError('expected a JSON object with "mode": "reasoning"')
       tokens, mask = record['tokens'], record['loss_mask']

@@ -4,12 +4,14 @@ Every loader names the file and line of a malformed record, as a `DataError`: a 
 `luckystar.main` prints without a traceback.
 """
 
+import bisect
 import json
+import math
 import pathlib
 import re
 from typing import Any, Iterator
 
-from luckystar import errors
+from luckystar import errors, files
 from luckystar.data import korean_mc, nl2sql
 from luckystar.data.examples import Example
 from luckystar.rewards import language as rewards_language
@@ -33,25 +35,29 @@ def read_records(path: str | pathlib.Path) -> Iterator[tuple[int, dict]]:
 def _read_json_values(path: str | pathlib.Path) -> Iterator[tuple[int, Any]]:
   """(line number, value) of each element of a JSON array file, or of each non-blank line of a JSON-lines file.
 
-  Lines end at '\n' only (a '\r' before it is dropped): json.dumps(ensure_ascii=False) leaves U+2028, U+2029
-  and U+0085 unescaped inside strings, and str.splitlines() would split a record there. Text after an
-  array's closing bracket, or a trailing comma in it, is an error naming file and line."""
+  Read within `files`' bounds: a FIFO or device, JSON nested too deep, NaN, or a lone surrogate is an error naming
+  file and line; a leading byte-order mark is dropped. Lines end at '\n' only (a '\r' before it is dropped):
+  json.dumps(ensure_ascii=False) leaves U+2028, U+2029 and U+0085 unescaped inside strings, and str.splitlines()
+  would split a record there. Text after an array's closing bracket, or a trailing comma in it, is an error naming
+  file and line."""
   path = pathlib.Path(path)
   try:
-    text = path.read_text(encoding='utf-8')
-  except (OSError, UnicodeDecodeError) as e:
-    raise DataError(f'{path}: cannot read: {e}') from None
+    text = files.read_text(path, what='data file')
+  except errors.UserError as e:
+    raise DataError(str(e)) from None
   line_at = lambda index: text.count('\n', 0, index) + 1
-  decoder = json.JSONDecoder()
   start = _WHITESPACE.match(text).end()
   if text[start:start + 1] == '[':  # a JSON array: decode element by element to keep line numbers
+    if files.json_depth(text) > files.MAX_JSON_DEPTH + 1:   # the array itself is one level
+      line = _deepest_line(text)
+      raise DataError(f'{path}:{line}: JSON nested more than {files.MAX_JSON_DEPTH} levels deep in this record')
     index = _WHITESPACE.match(text, start + 1).end()
     while text[index:index + 1] != ']':  # not an empty array
       try:
-        record, end = decoder.raw_decode(text, index)
+        _, end = _SCANNER.raw_decode(text, index)
       except json.JSONDecodeError as e:
         raise DataError(f'{path}:{line_at(e.pos)}: invalid JSON: {e.msg}') from None
-      yield line_at(index), record
+      yield line_at(index), _loads(text[index:end], f'{path}:{line_at(index)}')
       index = _WHITESPACE.match(text, end).end()
       if text[index:index + 1] == ']':
         break
@@ -66,10 +72,27 @@ def _read_json_values(path: str | pathlib.Path) -> Iterator[tuple[int, Any]]:
   for line, raw in enumerate(text.split('\n'), 1):
     raw = raw.removesuffix('\r')
     if raw.strip():
-      try:
-        yield line, json.loads(raw)
-      except json.JSONDecodeError as e:
-        raise DataError(f'{path}:{line}: invalid JSON: {e.msg}') from None
+      yield line, _loads(raw, f'{path}:{line}')
+
+
+# Finds where an array element ends, depth already checked; `files.loads` then parses the element itself, so a
+# number too long for int() or a NaN is judged there, once, as in JSON-lines files.
+_SCANNER = json.JSONDecoder(parse_int=str, parse_float=str, parse_constant=str)
+
+
+def _loads(text: str, source: str) -> Any:
+  try:
+    return files.loads(text, source)
+  except errors.InvalidFile as e:
+    raise DataError(str(e)) from None
+
+
+def _deepest_line(text: str) -> int:
+  """The first line by whose end JSON `text` nests deeper than allowed (a line never ends inside a JSON string,
+  so each prefix of whole lines has the depth it has in the file)."""
+  ends = [match.start() for match in re.finditer('\n', text)] + [len(text)]
+  limit = files.MAX_JSON_DEPTH + 1
+  return bisect.bisect_left(range(len(ends)), True, key=lambda k: files.json_depth(text[:ends[k]]) > limit) + 1
 
 
 def _field(record: dict, names: tuple[str, ...], path, line, kind=str):
@@ -95,7 +118,7 @@ def _language(record: dict, text: str, path, line) -> str:
 def load_spider(questions: str | pathlib.Path, database_dir: str | pathlib.Path, *, split: str = 'heldout'
                 ) -> list[Example]:
   """Spider (`question`, `query`, `db_id`) or BIRD (`question`, `SQL`, `db_id`, optional `evidence`) records;
-  databases at `database_dir/<db_id>/<db_id>.sqlite`."""
+  databases at `database_dir/<db_id>/<db_id>.sqlite`, which a db_id cannot leave."""
   database_dir, contexts, examples = pathlib.Path(database_dir), {}, []
   for line, record in read_records(questions):
     question = _field(record, ('question',), questions, line)
@@ -103,9 +126,11 @@ def load_spider(questions: str | pathlib.Path, database_dir: str | pathlib.Path,
     name = _field(record, ('db_id',), questions, line)
     db_path = database_dir / name / f'{name}.sqlite'
     if name not in contexts:
-      if not db_path.is_file():
-        raise DataError(f'{questions}:{line}: database {db_path} does not exist')
-      contexts[name] = nl2sql.context(name, db_path)
+      _check_database(db_path, name, database_dir, f'{questions}:{line}')
+      try:
+        contexts[name] = nl2sql.context(name, db_path)
+      except ValueError as e:   # not a SQLite database, or one the sandbox cannot read
+        raise DataError(f'{questions}:{line}: {" ".join(str(e).split())}') from None
     evidence = record.get('evidence')
     prompt = f'{question}\n(Hint: {evidence})' if evidence else question
     examples.append(Example(
@@ -116,15 +141,42 @@ def load_spider(questions: str | pathlib.Path, database_dir: str | pathlib.Path,
   return examples
 
 
+def _check_database(db_path: pathlib.Path, name: str, database_dir: pathlib.Path, where: str) -> None:
+  """A question's database must be a regular file inside `database_dir`: a db_id such as '../x' or '/x', or a
+  link out of the directory, would have the sandbox read a database the dataset does not hold."""
+  if name in ('.', '..') or any(c in name for c in '/\\\0'):
+    raise DataError(f'{where}: db_id {name!r} must be the name of a directory in {database_dir}')
+  try:
+    files.regular_file(db_path, 'database')
+  except errors.MissingFile:
+    raise DataError(f'{where}: database {db_path} does not exist') from None
+  except errors.InvalidFile as e:
+    raise DataError(f'{where}: {e}') from None
+  if not (resolved := db_path.resolve()).is_relative_to(database_dir.resolve()):
+    raise DataError(f'{where}: database {db_path} is a link to {resolved}, outside {database_dir}; copy the database '
+                    f'into the dataset (db_id {name!r})')
+
+
+def _answer(record: dict, path, line) -> str:
+  """A math answer as text: a string, or a finite number (a bool or NaN is no answer; a long integer that
+  `files.loads` kept as its digits is one)."""
+  answer = _field(record, ('answer',), path, line, kind=(str, int, float))
+  if isinstance(answer, bool) or (isinstance(answer, float) and not math.isfinite(answer)):
+    raise DataError(f'{path}:{line}: field \'answer\' must be a non-empty string or a finite number, got '
+                    f'{json.dumps(answer)}')
+  return str(answer)
+
+
 def load_math_jsonl(path: str | pathlib.Path, *, split: str = 'heldout') -> list[Example]:
   """Records with `problem` (or `question`) and `answer` (string or number); optional `solution` and `language`."""
   examples = []
   for line, record in read_records(path):
     problem = _field(record, ('problem', 'question'), path, line)
-    answer = _field(record, ('answer',), path, line, kind=(str, int, float))
+    answer = _answer(record, path, line)
+    solution = _field(record, ('solution',), path, line) if record.get('solution') is not None else None
     examples.append(Example(
         id=f'{pathlib.Path(path).stem}-{line}', task='math', language=_language(record, problem, path, line),
-        split=split, prompt=problem, answer=str(answer), thinking=record.get('solution')))
+        split=split, prompt=problem, answer=answer, thinking=solution))
   return examples
 
 
@@ -137,7 +189,8 @@ def load_kobalt_jsonl(path: str | pathlib.Path, *, split: str = 'heldout') -> li
     answer = _field(record, ('answer', 'Answer'), path, line).strip().upper()
     options = record.get('options')
     if options is not None:
-      if not isinstance(options, list) or not 2 <= len(options) <= korean_mc.NUM_OPTIONS:
+      if (not isinstance(options, list) or not 2 <= len(options) <= korean_mc.NUM_OPTIONS
+          or not all(isinstance(o, str) and o.strip() for o in options)):
         raise DataError(f'{path}:{line}: options must be a list of 2–{korean_mc.NUM_OPTIONS} strings')
       question += '\n\n' + '\n'.join(f'{l}. {o}' for l, o in zip(korean_mc.LETTERS, options))
     letters = korean_mc.LETTERS[:len(options)] if options else korean_mc.LETTERS

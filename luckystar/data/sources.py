@@ -29,14 +29,16 @@ import collections
 import dataclasses
 import hashlib
 import json
+import math
 import pathlib
 import re
+import sys
 import unicodedata
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from luckystar import errors
+from luckystar import errors, files
 from luckystar.data import bfcl, loaders, nl2sql
 from luckystar.data.examples import Example, dedupe
 from luckystar.data.loaders import DataError
@@ -49,6 +51,9 @@ CONVERSATION_FORMATS = ('bundled', 'chat_jsonl', 'rs_traces')   # SFT
 PROMPT_FORMATS = ('bundled', 'math_jsonl', 'spider', 'bird', 'bfcl', 'kobalt_jsonl')   # RS, RLVR, eval
 PREFERENCE_FORMATS = ('preference_jsonl', 'dpo_pairs')   # DPO
 FILE_FORMATS = ('chat_jsonl', 'rs_traces', 'math_jsonl', 'kobalt_jsonl', 'preference_jsonl', 'dpo_pairs')
+# grain scales a mixture's weights to integers by 100 / the smallest: a larger ratio overflows long before
+# 1e300, and a source drawn once in 10^9 examples is never drawn in a run at all.
+MAX_WEIGHT_RATIO = 1e9
 # Spider and BIRD: the questions file and the directory of its databases beside it.
 DATABASE_DIRS = {'spider': lambda questions: questions.parent / 'database',
                  'bird': lambda questions: questions.parent / f'{questions.stem}_databases'}
@@ -96,26 +101,40 @@ def parse(spec: str | Sequence[str], *, key: str, formats: Sequence[str] = FORMA
         pass   # an '@' inside a path (or a pipeline reference '@stage/...'), not a weight
     if not location:
       raise errors.UserError(f'{key}: {item!r} names no {"name" if form in ("bundled", "bfcl") else "path"}')
-    if not weight > 0 or weight != weight or weight == float('inf'):
-      raise errors.UserError(f'{key}: {item!r}: the weight must be a number > 0')
+    if not sys.float_info.min <= weight < math.inf:   # NaN too; a subnormal weight overflows when normalised
+      raise errors.UserError(f'{key}: {item!r}: the weight must be a number > 0 (a finite float of at least '
+                             f'{sys.float_info.min:.3g})')
     source = Source(form, location, weight, key)
     if source.label in {s.label for s in sources}:
       raise errors.UserError(f'{key} names {source.label} twice')
     _check_exists(source)
     sources.append(source)
+  if sources and (ratio := max(s.weight for s in sources) / min(s.weight for s in sources)) > MAX_WEIGHT_RATIO:
+    raise errors.UserError(f'{key}={spec!r}: the largest weight is {ratio:.3g} times the smallest (at most '
+                           f'{MAX_WEIGHT_RATIO:g}); a source drawn that rarely is never seen')
   return sources
 
 
 def _check_exists(source: Source) -> None:
-  if source.format in FILE_FORMATS and not source.path.is_file():
-    raise errors.MissingFile(f'{source.location}: no such file ({source.key}, {source.format})')
+  if source.format in FILE_FORMATS:
+    _check_file(source, f'{source.location}: no such file ({source.key}, {source.format})')
   if source.format in DATABASE_DIRS:
-    if not source.path.is_file():
-      raise errors.MissingFile(f'{source.location}: no such {source.format} questions file ({source.key}; expected '
-                               f'DIR/<split>.json)')
+    _check_file(source, f'{source.location}: no such {source.format} questions file ({source.key}; expected '
+                        f'DIR/<split>.json)')
     if not (databases := DATABASE_DIRS[source.format](source.path)).is_dir():
       raise errors.MissingFile(f'{databases}: no such directory: the databases of {source.location} '
                                f'({source.key}, {source.format} layout)')
+
+
+def _check_file(source: Source, missing: str) -> None:
+  """A FIFO would block the read and a device never end it: only a regular file (or a link to one) is data."""
+  try:
+    files.regular_file(source.path)
+  except errors.MissingFile:
+    raise errors.MissingFile(missing) from None
+  except errors.InvalidFile:
+    raise errors.InvalidFile(f'{source.location}: not a regular file (a FIFO, device or directory) ({source.key}, '
+                             f'{source.format})') from None
 
 
 def weights(sources: Iterable[Source]) -> dict[str, float]:
@@ -132,6 +151,7 @@ def digest(source: Source) -> str:
     paths += sorted(DATABASE_DIRS[source.format](source.path).rglob('*.sqlite'))
   hasher = hashlib.sha256()
   for path in paths:
+    files.regular_file(path, f'{source.format} data ({source.key})')   # a FIFO or /dev/zero would never end
     hasher.update(str(path.name).encode() + b'\0')
     with open(path, 'rb') as f:
       for block in iter(lambda: f.read(1 << 20), b''):
@@ -288,10 +308,12 @@ def _action(tool_calls, where: str) -> str:
       raise DataError(f'{where}: tool_calls[{index}] needs {{"type": "function", "function": {{"name", "arguments"}}}}')
     arguments = function.get('arguments', {})
     if isinstance(arguments, str):   # OpenAI sends them as a JSON string
+      at = f'{where}: tool_calls[{index}].function.arguments'
       try:
-        arguments = json.loads(arguments) if arguments.strip() else {}
-      except ValueError as e:
-        raise DataError(f'{where}: tool_calls[{index}].function.arguments is not JSON: {e}') from None
+        arguments = files.loads(arguments, at) if arguments.strip() else {}
+      except errors.InvalidFile as e:
+        raise DataError(f'{at} is not JSON: {str(e).removeprefix(f"{at}: ").removeprefix("invalid JSON: ")}'
+                        ) from None
     if not isinstance(arguments, dict):
       raise DataError(f'{where}: tool_calls[{index}].function.arguments must be a JSON object')
     calls.append({'tool_name': name, 'parameters': arguments})

@@ -81,6 +81,7 @@ import tqdm
 
 from luckystar import distributed
 from luckystar import errors
+from luckystar import files
 from luckystar import model
 from luckystar.data import conversations, pipeline, sources
 from luckystar.data.examples import Example
@@ -431,16 +432,16 @@ def read_pairs(path: pathlib.Path, tokenizer: Tokenizer) -> list[dict[str, Any]]
   line, or one of another tokenizer (its `tokenizer` fingerprint, `Tokenizer.made`), is a UserError
   naming file:line."""
   try:
-    lines = path.read_text(encoding='utf-8').splitlines()
-  except FileNotFoundError:
+    text = files.read_text(path, what='DPO pair file')
+  except errors.MissingFile:
     raise errors.MissingFile(f'{path}: no such DPO pair file ({SOURCES_KEY}); set it to "" to build '
                              'pairs from the policy') from None
   pairs = []
-  for number, line in enumerate(lines, start=1):
+  for number, line in enumerate(text.split('\n'), start=1):   # not splitlines(): U+2028 may sit inside a string
     if not line.strip():
       continue
+    record = files.loads(line, f'{path}:{number}')
     try:
-      record = json.loads(line)
       for side in SIDES:
         tokens, mask = record[f'{side}_tokens'], record[f'{side}_loss_mask']
         if (not isinstance(tokens, list) or not isinstance(mask, list) or len(tokens) != len(mask) or len(tokens) < 2

@@ -156,6 +156,199 @@ def test_unparsable_gold_is_none_not_false(verifier, gold):
   assert verifier.stats['gold_unparsable'] == before + 1
 
 
+# Scientific notation is its value (issue 54): math-verify alone reads `2e3` as 2, so `2e3` scored correct
+# against the gold 2. Written out, it equals 2000 and only that; an exponent past MAX_SCIENTIFIC_EXPONENT
+# scores False (its digits would be a bomb), and a gold in this notation is read the same way.
+@pytest.mark.parametrize('prediction, gold, expected', [
+    ('2e3', '2', False),
+    ('2E3', '2', False),
+    ('2.0e3', '2', False),
+    ('2e+3', '2', False),
+    ('1e-3', '1', False),
+    ('1.5e2', '1.5', False),
+    ('The answer is 2e3.', '2', False),
+    ('정답은 2e3입니다.', '2', False),
+    ('\\boxed{2e3}', '2', False),
+    ('1e999', '1', False),
+    ('1,000e3', '1000', False),
+    ('2e3', '2000', True),
+    ('2E3', '2000', True),
+    ('2.0e3', '2000', True),
+    ('2e+3', '2000', True),
+    ('-2e3', '-2000', True),
+    ('1e-3', '0.001', True),
+    ('2e−3', '\\frac{2}{1000}', True),   # a Unicode minus in the exponent
+    ('1.5e2', '150', True),
+    ('1,000e3', '1000000', True),
+    ('The answer is 2e3.', '2000', True),
+    ('정답은 2e3입니다.', '2000', True),
+    ('\\boxed{2e3}', '2000', True),
+    ('$2e3$', '2000', True),
+    ('2e3', '2\\times10^{3}', True),
+    ('1e999', '10^{999}', True),
+    ('1e1001', '10^{1001}', False),        # past MAX_SCIENTIFIC_EXPONENT: never expanded, never rewarded
+    ('1e1001', '1', False),
+    ('2000', '2e3', True),                 # a gold in the notation is its value too
+    ('2', '2e3', False),
+    ('not 2e3 but 7', '7', True),          # a rejected value in the notation is struck out whole
+    ('7, not 2e3', '2000', False),
+])
+def test_scientific_notation_is_its_value(verifier, prediction, gold, expected):
+  assert verifier.score(prediction, gold, timeout_s=VERDICT_TIMEOUT_S) is expected
+
+
+@pytest.mark.parametrize('prediction, gold, expected', [
+    ('1,000', '1000', True),     # a comma before three digits groups thousands (as in Korean and English)
+    ('1 000', '1000', True),
+    ('1.000', '1000', False),    # a period is always a decimal point: 1.000 is one, not a European thousand
+    ('1.000', '1', True),
+    ('1,000', '1.000', False),
+    ('1,000,000', '1e6', True),
+])
+def test_digit_grouping_keeps_its_documented_reading(verifier, prediction, gold, expected):
+  assert verifier.score(prediction, gold, timeout_s=VERDICT_TIMEOUT_S) is expected
+
+
+@pytest.mark.parametrize('prediction, gold, expected', [
+    ('NaN', 'NaN', None),          # a word, so prose: the judge decides, a verifier never says True
+    ('5', 'nan', None),
+    ('nan', '5', False),
+    ('NaN', '0', False),
+    ('inf', '5', False),
+    ('Infinity', '5', False),
+    ('1e400', '\\infty', False),   # a large number, never a float overflowing to inf
+    ('$\\infty$', '1e400', False),
+    ('$\\infty$', '\\infty', True),
+    ('5', '\\infty', False),
+    ('$\\frac{0}{0}$', '5', False),
+    ('5', '\\frac{0}{0}', False),
+])
+def test_non_finite_replies_and_golds(verifier, prediction, gold, expected):
+  assert verifier.score(prediction, gold, timeout_s=VERDICT_TIMEOUT_S) is expected
+
+
+def test_a_gold_of_5001_digits(verifier):
+  gold = '1' * 5001   # past Python's 4,300-digit int conversion limit
+  assert verifier.score(gold, gold, timeout_s=VERDICT_TIMEOUT_S) is True
+  for wrong in ('1' * 5000 + '2', '1' * 5000, '5', '1e5000', '\\boxed{' + '1' * 5000 + '2}'):
+    assert verifier.score(wrong, gold, timeout_s=VERDICT_TIMEOUT_S) is False, wrong[-20:]
+  assert verifier.score(gold, '1', timeout_s=VERDICT_TIMEOUT_S) is False
+
+
+# A notation after the leading number changes its value (issue 54's family): math-verify alone reads the leading
+# number of `2\\times10^{3}`, `2e`, `3만` or `10!`, so each scored correct against that number. Each now reads as
+# its value, or, where it is ambiguous, as no plain number at all.
+@pytest.mark.parametrize('prediction, gold, expected', [
+    # Times ten to a power, in every spelling: its value, never the mantissa.
+    ('2\\times10^{3}', '2', False),
+    ('2\\times10^{3}', '2000', True),
+    ('2 \\times 10^3', '2', False),
+    ('2 \\times 10^3', '2000', True),
+    ('2·10^3', '2', False),
+    ('2·10^3', '2000', True),
+    ('2*10^3', '2', False),
+    ('2*10^3', '2000', True),
+    ('2×10³', '2', False),
+    ('2×10³', '2000', True),
+    ('2 x 10^3', '2000', True),
+    ('2.5 \\cdot 10^{-3}', '0.0025', True),
+    ('The answer is 2\\times10^{3}.', '2', False),
+    ('정답은 2×10^3입니다.', '2000', True),
+    ('1/2\\times10^3', '1/2000', False),     # (1/2)·10³ = 500, not 1/2000
+    ('1/2\\times10^3', '500', True),
+    ('1\\times10^{1001}', '1', False),       # past MAX_SCIENTIFIC_EXPONENT: never the mantissa
+    # Euler's number and malformed scientific notation.
+    ('2e', '2', False),
+    ('2e', '2e', True),
+    ('The answer is 2e.', '2', False),
+    ('2e3.5', '2', False),
+    ('2e3.5', '2000', False),
+    ('2E3.5', '2', False),
+    # Bare LaTeX after a number is LaTeX, not its leading number.
+    ('2\\pi', '2', False),
+    ('2\\pi', '2\\pi', True),
+    ('2 \\pi', '2', False),
+    ('2π', '2', False),
+    ('2π', '2\\pi', True),
+    ('2 pi', '2', False),
+    ('2\\sqrt{3}', '2', False),
+    ('2√3', '2', False),
+    ('2√3', '2\\sqrt{3}', True),
+    ('2 \\times 3', '3', False),
+    ('2 \\times 3', '6', True),
+    ('2^{10}', '2', False),
+    ('2^{10}', '1024', True),
+    ('3²', '3', False),
+    ('3²', '9', True),
+    ('10!', '10', False),
+    ('10!', '3628800', True),
+    ('The answer is 10!', '10', False),
+    ('2i', '2', False),
+    ('1½', '1', False),
+    ('1½', '3/2', True),
+    ('½', '1/2', True),
+    # A magnitude after the number: its value, or (a glued k, M, B) no plain number at all.
+    ('3 thousand', '3', False),
+    ('3 thousand', '3000', True),
+    ('1.5 million', '1500000', True),
+    ('3 hundred thousand', '300000', True),
+    ('3 dozen', '3', False),
+    ('3k', '3', False),
+    ('3.5k', '3.5', False),
+    ('3M', '3', False),
+    ('2B', '2', False),
+    ('0x1F', '0', False),
+    ('0x1F', '31', True),
+    ('1_000', '1', False),
+    ('1_000', '1000', True),
+    # Korean magnitudes (만 10⁴, 억 10⁸, 조 10¹², with 천, 백, 십) are their value, currency after them or not.
+    ('정답은 3만입니다.', '3', False),
+    ('정답은 3만입니다.', '30000', True),
+    ('3만 5천', '3', False),
+    ('3만 5천', '35000', True),
+    ('3만5천', '35000', True),
+    ('1억', '1', False),
+    ('1억', '100000000', True),
+    ('2천', '2', False),
+    ('2천', '2000', True),
+    ('3백만', '3000000', True),
+    ('1억 2345만 6789', '123456789', True),
+    ('3.5만', '35000', True),
+    ('3,000만 원', '30000000', True),
+    ('정답은 3만 원입니다.', '3', False),
+    ('정답은 3만 원입니다.', '30000', True),
+    ('30,000원', '30000', True),
+    ('30,000원', '30', False),
+    ('정답은 5만큼 큽니다. 답: 5', '5', True),   # 만큼 is 'as much as', not 10⁴
+    # Units and words that keep the value still score as the number.
+    ('5cm', '5', True),
+    ('90°', '90', True),
+    ('3%', '3', True),      # a percentage is its number and its fraction, as math-verify has it (documented)
+    ('3%', '0.03', True),
+    ('The answer is 7 apples.', '7', True),
+    ('$2\\pi$', '2\\pi', True),
+])
+def test_a_notation_after_the_number_is_part_of_its_value(verifier, prediction, gold, expected):
+  assert verifier.score(prediction, gold, timeout_s=VERDICT_TIMEOUT_S) is expected
+
+
+# A comma between digits that is no thousands grouping (`1,5`) is read as a bare gold's is: it separates values.
+# So the ambiguous `1,5` is the pair {1, 5}: never the European 1.5, never 15, never its last number 5.
+@pytest.mark.parametrize('prediction, gold, expected', [
+    ('1,5', '1.5', False),
+    ('1,5', '15', False),
+    ('1,5', '5', False),
+    ('1,50', '1.5', False),
+    ('x=1,5', '1.5', False),
+    ('The answer is 1,5.', '1.5', False),
+    ('1,5', '1,5', True),
+    ('1,234', '1234', True),
+    ('1,234.5', '1234.5', True),
+])
+def test_a_comma_that_groups_no_thousands_separates_values(verifier, prediction, gold, expected):
+  assert verifier.score(prediction, gold, timeout_s=VERDICT_TIMEOUT_S) is expected
+
+
 def _adversarial_predictions(pwned_path):
   touch = f"__import__('os').system('touch {pwned_path}')"
   return {

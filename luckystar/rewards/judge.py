@@ -7,8 +7,9 @@ whether a mixed Korean/English response is Korean. A judge is a callable
     verdict = judge(question, reference, candidate, criterion='equivalent')  # True / False / None
 
 None means the judge failed (timeout, server error, an answer that is neither
-YES nor NO): it is counted in `judge.stats.failures` and must never be read as
-False. Backends share the prompt, the verdict parsing and an LRU verdict cache;
+YES nor NO): it is counted in `judge.stats.failures` (the metric judge/failures), by
+reason in `judge.failure_reasons`, its message (naming the server) in
+`judge.last_failure` and the log, and must never be read as False. Backends share the prompt, the verdict parsing and an LRU verdict cache;
 they differ only in how a prompt becomes text:
 
 - `HttpJudge`: an OpenAI-compatible `/v1/chat/completions` endpoint, e.g. a
@@ -27,6 +28,11 @@ verdict it cannot parse (a chatty "The candidate..." cut at max_tokens), and a
 reasoning model cannot spend max_tokens thinking. vLLM and `python -m luckystar.serve`
 accept it; a server without it (OpenAI's own API) refuses the request with a 400,
 counted as a failure: set `config.judge.guided_choice=False` for one.
+
+A judge server is outside input like any file (issue 54): one attempt has `timeout_s` in all, however
+slowly the server drips its reply; a reply over MAX_REPLY_BYTES is cut off unread; the body must be UTF-8
+JSON within `luckystar.files.loads`' depth and text checks. Each of these is a failure (None), never an
+exception that ends a rejection-sampling run.
 """
 
 import collections
@@ -45,6 +51,8 @@ import urllib.request
 from typing import Any, Callable, Mapping
 
 from absl import logging
+
+from luckystar import files
 
 CRITERIA = {
     'equivalent': (
@@ -80,6 +88,10 @@ DEFAULTS = dict(backend='none', base_url='', model='', init_from='', guided_choi
                 backoff_s=0.5, api_key_env='', max_tokens=8, cache_size=4096)
 CONFIG_KEYS = tuple(DEFAULTS)
 _LOOPBACK = ('127.0.0.1', 'localhost', '::1')
+MAX_REPLY_BYTES = 4 << 20   # a verdict's reply is under 1 KB; logprobs or a long <think> stay far below this
+MAX_RETRIES = 10            # backoff doubles per retry: 10 already waits backoff_s · 1023 in all
+_READ_BYTES = 64 << 10
+_ERROR_DETAIL_BYTES = 300   # of an HTTP error's body, quoted in the failure message
 
 
 def _is_int(value) -> bool:
@@ -98,7 +110,7 @@ _DOMAINS = {  # key: (what it must be, test)
     'api_key_env': ('a str', lambda v: isinstance(v, str)),
     'guided_choice': ('True or False', lambda v: isinstance(v, bool)),
     'timeout_s': ('a number > 0', lambda v: _is_number(v) and v > 0),
-    'retries': ('an integer ≥ 0', lambda v: _is_int(v) and v >= 0),
+    'retries': (f'an integer ≥ 0 and ≤ {MAX_RETRIES}', lambda v: _is_int(v) and 0 <= v <= MAX_RETRIES),
     'backoff_s': ('a number ≥ 0', lambda v: _is_number(v) and v >= 0),
     'max_tokens': ('an integer ≥ 1', lambda v: _is_int(v) and v >= 1),
     'cache_size': ('an integer ≥ 0 (0: no cache)', lambda v: _is_int(v) and v >= 0),
@@ -153,11 +165,19 @@ def cache_key(question: str, reference: str, candidate: str, criterion: str) -> 
 
 
 class JudgeError(Exception):
-  """The backend produced no usable text (network, server or payload failure)."""
+  """The backend produced no usable text (network, server or payload failure). `reason` is its key in
+  `Judge.failure_reasons`: one of FAILURE_REASONS."""
+
+  def __init__(self, message: str, reason: str = 'invalid_reply'):
+    super().__init__(message)
+    self.reason = reason
 
 
 class _Retryable(JudgeError):
   """A failure that may pass: timeout, connection error, 429 or 5xx."""
+
+
+FAILURE_REASONS = ('timeout', 'connection', 'http_status', 'too_large', 'invalid_reply', 'not_a_verdict')
 
 
 def render_prompt(question: str, reference: str, candidate: str, criterion: str) -> str:
@@ -210,6 +230,9 @@ class Judge:
     self._cache: collections.OrderedDict[str, bool] = collections.OrderedDict()
     self._lock = threading.Lock()  # rollouts may judge from several threads
     self.cache_version = 0     # verdicts cached so far: a persisted cache is rewritten only when it moved
+    # Why verdicts failed (FAILURE_REASONS → count; they sum to stats.failures) and the last one's message.
+    self.failure_reasons: collections.Counter[str] = collections.Counter()
+    self.last_failure: str | None = None
     # What makes two judges' verdicts interchangeable (backend, server and model, prompt digest): set by
     # luckystar.engine.judging.make, the fingerprint of the cache it keeps in the workdir.
     self.identity: dict[str, Any] | None = None
@@ -230,17 +253,13 @@ class Judge:
     try:
       text = self._complete(prompt)
     except JudgeError as error:
-      with self._lock:
-        self.stats.failures += 1
-      logging.warning('judge failed (%s failures so far): %s', self.stats.failures, error)
+      self._count_failure(error.reason, str(error))
       return None
     verdict = parse_verdict(text)
+    if verdict is None:
+      self._count_failure('not_a_verdict', f'the judge answered neither YES nor NO: {text[:200]!r}')
+      return None
     with self._lock:
-      if verdict is None:
-        self.stats.failures += 1
-        logging.warning('judge answered neither YES nor NO (%s failures so far): %.200r',
-                        self.stats.failures, text)
-        return None
       if self.cache_size:  # only verdicts are cached: a failure is retried on the next call
         self._cache[key] = verdict
         self.cache_version += 1
@@ -268,6 +287,14 @@ class Judge:
     with self._lock:
       self.stats.requests += 1
 
+  def _count_failure(self, reason: str, message: str) -> None:
+    with self._lock:
+      self.stats.failures += 1
+      self.failure_reasons[reason] += 1
+      self.last_failure = message
+      failures = self.stats.failures
+    logging.warning('judge failed (%s failures so far, reason %s): %s', failures, reason, message)
+
 
 class ModelJudge(Judge):
   """A judge backed by any `generate_fn(prompt_text) -> text` (greedy decoding expected).
@@ -290,6 +317,77 @@ class ModelJudge(Judge):
     return text
 
 
+class _Deadline:
+  """Shuts a request's connection down when its time is up, wherever the request then waits (headers, body,
+  an error body): a socket timeout bounds each read, so a server dripping a byte per read would outlive it."""
+
+  def __init__(self, seconds: float):
+    self.expired = False
+    self._sockets: list[socket.socket] = []
+    self._lock = threading.Lock()
+    self._timer = threading.Timer(seconds, self._expire)
+    self._timer.daemon = True
+
+  def __enter__(self) -> '_Deadline':
+    self._timer.start()
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self._timer.cancel()
+
+  def watch(self, sock: socket.socket) -> None:
+    with self._lock:
+      self._sockets.append(sock)
+      if self.expired:   # connected just as time ran out
+        _shut(sock)
+
+  def _expire(self) -> None:
+    with self._lock:
+      self.expired = True
+      for sock in self._sockets:
+        _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+  try:   # the reading thread then sees the end of the stream; it closes the socket itself
+    sock.shutdown(socket.SHUT_RDWR)
+  except OSError:
+    pass   # already closed
+
+
+class _DeadlineHandler:
+  """Opens connections whose TCP socket the deadline watches (the raw socket, under TLS too)."""
+
+  def __init__(self, deadline: _Deadline, **kwargs):
+    super().__init__(**kwargs)
+    self._deadline = deadline
+
+  def do_open(self, http_class, request, **connection_args):
+    deadline = self._deadline
+
+    def connection(host, **kwargs):
+      conn = http_class(host, **kwargs)
+      create = conn._create_connection   # pylint: disable=protected-access  (http.client's socket factory)
+
+      def create_watched(*args, **create_kwargs):
+        sock = create(*args, **create_kwargs)
+        deadline.watch(sock)
+        return sock
+
+      conn._create_connection = create_watched   # pylint: disable=protected-access
+      return conn
+
+    return super().do_open(connection, request, **connection_args)
+
+
+class _HTTPHandler(_DeadlineHandler, urllib.request.HTTPHandler):
+  pass
+
+
+class _HTTPSHandler(_DeadlineHandler, urllib.request.HTTPSHandler):
+  pass
+
+
 def chat_completions_url(base_url: str) -> str:
   """'http://host:8000', '.../v1' or the full endpoint → the chat-completions endpoint."""
   url = base_url.rstrip('/')
@@ -304,10 +402,14 @@ class HttpJudge(Judge):
   Temperature 0 and a few output tokens; with `guided_choice`, the answer constrained to YES or NO
   (vLLM's structured-choice extension, both its older `guided_choice` and newer
   `structured_outputs` spelling). Timeouts, connection errors, 429 and 5xx are retried `retries`
-  times with exponential backoff (backoff_s, 2·backoff_s, ...): a refused connection fails at once,
-  it waits for the backoff only, never for timeout_s. Other 4xx errors are the request's fault
-  (wrong model name, bad key, an unknown extension) and fail at once. A server on this machine
+  (≤ MAX_RETRIES) times with exponential backoff (backoff_s, 2·backoff_s, ...): a refused connection
+  fails at once, it waits for the backoff only, never for timeout_s. Other 4xx errors are the request's
+  fault (wrong model name, bad key, an unknown extension) and fail at once. A server on this machine
   (127.0.0.1, localhost) is reached directly, whatever http_proxy says.
+
+  `timeout_s` is each attempt's deadline in all (connect, headers and body), not per read: a verdict
+  returns within (retries + 1)·timeout_s plus the backoff. A reply over MAX_REPLY_BYTES, or one that is
+  not UTF-8 JSON within `files.loads`' bounds, fails at once, not retried: the server would send it again.
   """
 
   def __init__(self, base_url: str, model: str, *, timeout_s: float = 10.0, retries: int = 2,
@@ -317,8 +419,9 @@ class HttpJudge(Judge):
     if not base_url or not model:
       raise ValueError(f'HttpJudge needs base_url and model (the served model name), got '
                        f'base_url={base_url!r}, model={model!r}')
-    if retries < 0 or timeout_s <= 0 or backoff_s < 0:
-      raise ValueError(f'need retries ≥ 0, timeout_s > 0, backoff_s ≥ 0; got {retries}, {timeout_s}, {backoff_s}')
+    if not 0 <= retries <= MAX_RETRIES or timeout_s <= 0 or backoff_s < 0:
+      raise ValueError(f'need 0 ≤ retries ≤ {MAX_RETRIES}, timeout_s > 0, backoff_s ≥ 0; got retries={retries}, '
+                       f'timeout_s={timeout_s}, backoff_s={backoff_s}')
     self.url = chat_completions_url(base_url)
     self.model = model
     self.timeout_s = timeout_s
@@ -327,8 +430,7 @@ class HttpJudge(Judge):
     self.api_key = api_key
     self.max_tokens = max_tokens
     self.guided_choice = guided_choice
-    loopback = urllib.parse.urlsplit(self.url).hostname in _LOOPBACK
-    self._opener = urllib.request.build_opener(*([urllib.request.ProxyHandler({})] if loopback else []))
+    self._loopback = urllib.parse.urlsplit(self.url).hostname in _LOOPBACK
 
   def payload(self, prompt: str) -> dict[str, Any]:
     payload = {'model': self.model, 'messages': [{'role': 'user', 'content': prompt}],
@@ -338,6 +440,13 @@ class HttpJudge(Judge):
       payload['structured_outputs'] = {'choice': list(VERDICT_CHOICES)}
     return payload
 
+  def _opener(self, deadline: _Deadline) -> urllib.request.OpenerDirector:
+    """An opener whose connections `deadline` watches; one per attempt, as requests may run in parallel."""
+    handlers = [_HTTPHandler(deadline), _HTTPSHandler(deadline)]
+    if self._loopback:
+      handlers.append(urllib.request.ProxyHandler({}))
+    return urllib.request.build_opener(*handlers)
+
   def _request(self, body: bytes) -> str:
     """One attempt. Raises _Retryable for what may pass, JudgeError for what will not."""
     headers = {'Content-Type': 'application/json'}
@@ -345,25 +454,76 @@ class HttpJudge(Judge):
       headers['Authorization'] = f'Bearer {self.api_key}'
     request = urllib.request.Request(self.url, data=body, headers=headers, method='POST')
     self._count_request()
+    with _Deadline(self.timeout_s) as deadline:
+      try:
+        with self._opener(deadline).open(request, timeout=self.timeout_s) as response:
+          raw = self._read_capped(response)
+      except urllib.error.HTTPError as error:
+        self._raise_http_error(error, deadline)
+      except (OSError, http.client.HTTPException) as error:   # URLError, socket timeouts, resets, TLS errors
+        raise self._transport_error(error, deadline) from error
+      if deadline.expired:   # the body ended because the deadline shut the connection
+        raise self._transport_error(None, deadline)
+    return self._content(raw)
+
+  def _read_capped(self, response) -> bytes:
+    """The body, read in chunks; a JudgeError past MAX_REPLY_BYTES, announced or sent."""
+    length = response.getheader('Content-Length') or ''
+    if length.strip().isdigit() and int(length) > MAX_REPLY_BYTES:
+      raise JudgeError(f'{self.url}: the reply is larger than {MAX_REPLY_BYTES:,} bytes (Content-Length: '
+                       f'{int(length):,}); not read', 'too_large')
+    chunks, size = [], 0
+    while chunk := response.read(min(_READ_BYTES, MAX_REPLY_BYTES + 1 - size)):
+      chunks.append(chunk)
+      size += len(chunk)
+      if size > MAX_REPLY_BYTES:
+        raise JudgeError(f'{self.url}: the reply is larger than {MAX_REPLY_BYTES:,} bytes; reading stopped there',
+                         'too_large')
+    return b''.join(chunks)
+
+  def _raise_http_error(self, error: urllib.error.HTTPError, deadline: _Deadline):
     try:
-      with self._opener.open(request, timeout=self.timeout_s) as response:
-        raw = response.read()
-    except urllib.error.HTTPError as error:
-      detail = error.read(300).decode('utf-8', 'replace')
-      message = f'{self.url}: HTTP {error.code} {detail}'
-      if error.code == 429 or error.code >= 500:
-        raise _Retryable(message) from error
-      hint = (', or set config.judge.guided_choice=False for a server without vLLM\'s structured-choice '
-              'extension' if self.guided_choice else '')
-      raise JudgeError(f'{message} (not retried: check the model name {self.model!r} and the API key{hint})'
-                       ) from error
-    except (urllib.error.URLError, http.client.HTTPException, socket.timeout, TimeoutError,
-            ConnectionError) as error:
-      raise _Retryable(f'{self.url}: {error}') from error
+      detail = error.read(_ERROR_DETAIL_BYTES).decode('utf-8', 'replace')
+    except (OSError, http.client.HTTPException):
+      detail = ''   # the status is the message; a body cut short by the deadline adds nothing
+    finally:
+      error.close()
+    if deadline.expired:
+      raise self._transport_error(error, deadline) from error
+    message = f'{self.url}: HTTP {error.code} {detail}'
+    if error.code == 429 or error.code >= 500:
+      raise _Retryable(message, 'http_status') from error
+    hint = (', or set config.judge.guided_choice=False for a server without vLLM\'s structured-choice '
+            'extension' if self.guided_choice else '')
+    raise JudgeError(f'{message} (not retried: check the model name {self.model!r} and the API key{hint})',
+                     'http_status') from error
+
+  def _transport_error(self, error: BaseException | None, deadline: _Deadline) -> _Retryable:
+    if deadline.expired or isinstance(error, (socket.timeout, TimeoutError)) or (
+        isinstance(error, urllib.error.URLError) and isinstance(error.reason, (socket.timeout, TimeoutError))):
+      return _Retryable(f'{self.url}: no complete reply within timeout_s={self.timeout_s} s (a deadline for '
+                        f'the whole request, not each read)', 'timeout')
+    return _Retryable(f'{self.url}: {error}', 'connection')
+
+  def _content(self, raw: bytes) -> str:
+    """The completion's text, from a body that must be UTF-8 JSON within files.loads' bounds."""
     try:
-      return json.loads(raw)['choices'][0]['message']['content']
-    except (ValueError, KeyError, IndexError, TypeError) as error:
-      raise JudgeError(f'{self.url}: not a chat-completions response: {raw[:200]!r}') from error
+      text = raw.decode('utf-8')
+    except UnicodeDecodeError as error:
+      raise JudgeError(f'{self.url}: the reply is not UTF-8 text (byte {error.start}: '
+                       f'{raw[error.start:error.start + 4]!r})') from None
+    try:
+      reply = files.loads(text, f'{self.url} reply')
+    except ValueError as error:   # nested too deep, not JSON, NaN, a lone surrogate: the message says which
+      raise JudgeError(str(error)) from None
+    try:
+      content = reply['choices'][0]['message']['content']
+    except (KeyError, IndexError, TypeError):
+      content = None
+    if not isinstance(content, str):
+      raise JudgeError(f'{self.url}: not a chat-completions response (no choices[0].message.content text): '
+                       f'{text[:200]!r}')
+    return content
 
   def _complete(self, prompt: str) -> str:
     body = json.dumps(self.payload(prompt)).encode()
@@ -376,7 +536,7 @@ class HttpJudge(Judge):
     try:
       return self._request(body)
     except _Retryable as error:
-      raise JudgeError(f'{error} (gave up after {self.retries + 1} attempts)') from error
+      raise JudgeError(f'{error} (gave up after {self.retries + 1} attempts)', error.reason) from error
 
 
 def make_judge(config: Mapping[str, Any] | None, *, generate_fn: Callable[[str], str] | None = None

@@ -46,7 +46,9 @@ while a policy that learned long junk makes a parser slow (a 1 MB string takes
 Accepted answer forms (math-verify's LaTeX and plain-expression extraction):
 `\\boxed{...}`, `$...$` / `\\(...\\)` / `\\[...\\]`
 LaTeX, plain numbers and arithmetic (`-3`, `0.5`, `1/2`, `2^10`), thousands
-separators (`1,234`, `1 234`), percentages (`50%` equals 0.5), assignments
+separators (`1,234`, `1 234`; a period is always a decimal point, so `1.000` is
+1, never the European 1000), percentages (`50%` equals 0.5, and 50 as well, as
+math-verify has it: "what percent" golds are written either way), assignments
 (`x = 3` scores as 3), and answer markers: English (`The final answer is 7`,
 `Answer: 7`) and Korean (`정답은`, `답:`, `최종 답은` ..., rewritten to `answer:`).
 With a marker, only the sentence the last one introduces is scored: up to a
@@ -57,8 +59,37 @@ whose sentence holds no answer (`The answer is as follows:`) is passed over
 for the one before it (up to `MAX_ANSWER_MARKERS`), then for the whole text.
 Fractions end sentences in either language (`정답은 327/4입니다.`, `The answer
 is 404/5.`). Without any marker, the last number or LaTeX expression in the
-text is the answer. LaTeX in a prediction needs delimiters: a bare `2\\pi`
-reads as the number 2.
+text is the answer.
+
+A notation after a number is part of its value, never dropped for the leading
+number (which math-verify alone reads): bare LaTeX that starts with a number or
+a command is read as LaTeX, as if in `$..$` (`2\\pi` is 2π, `2 \\times 3` is 6,
+`2^{10}` is 1024, `10!` is 3628800, also after an answer marker), as are `3²`,
+`2π`, `2 pi` and `2√3`. A letter glued to a number makes it a product, never
+the number: `2e` is 2·e, `2i` is 2i, and `3k`, `3M`, `2B` are 3·k and so on,
+which no plain number equals (k for thousand or kelvin is ambiguous). Units of
+two letters or more stay units (`5cm` is 5, `3rd` is 3), as does `90°`. Digits
+joined by commas that group no thousands (`1,5`, `1,50`) are a list of values,
+as in a bare gold, so `1,5` is never 1.5 (the European decimal), 15 or 5.
+
+Scales are written out as decimals before anything reads them: times ten to a
+power (`2\\times10^{3}`, `2 \\cdot 10^3`, `2·10^3`, `2*10^3`, `2 x 10^3`, `2×10³`
+are 2000), magnitude words (`3 thousand`, `1.5 million`, `3 dozen`), Korean
+magnitudes (`3만` 30000, `3만 5천` 35000, `1억 2345만 6789`, `3백만`, `2천`; a
+currency after them such as `3만 원` is dropped as any unit is; 만큼, 만약 and
+the like are words, not 10⁴), vulgar fractions (`1½` is 3/2), `0x1F` (31) and
+`1_000`.
+
+Scientific notation is its value, in predictions and golds alike: `2e3`, `2E3`,
+`2.0e3`, `2e+3` and `1,000e3`'s peers are written out (2000, `1e-3` as 0.001)
+before anything reads them, so `2e3` equals 2000 and never 2, which math-verify
+alone reads it as; a malformed `2e3.5` is 2·e·3.5, never 2. An exponent past
+`MAX_SCIENTIFIC_EXPONENT` (in either notation) is not written out (its digits
+would be a bomb): such a prediction scores False, such a gold None. Golds get
+the same writing out of scales; the reading of bare LaTeX and comma lists is
+for predictions only (a bare gold is LaTeX already).
+`NaN` and `inf` are words, not numbers: a prediction of them scores False, a
+bare gold of them is prose (None, for the judge).
 
 A value the prediction itself rejects is not its answer, as a person reads it:
 negated (`5가 아니라 7`, `5는 정답이 아니고 7`, `5가 아닌 7`, `not 5 but 7`,
@@ -83,6 +114,8 @@ to 3`, whose letters would otherwise multiply as symbols.
 
 import atexit
 import collections
+import decimal
+import fractions
 import functools
 import json
 import logging
@@ -95,6 +128,7 @@ import subprocess
 import sys
 import threading
 import time
+import unicodedata
 import weakref
 from typing import Sequence
 
@@ -103,6 +137,8 @@ DEFAULT_MEMORY_LIMIT_BYTES = 3 << 30
 MAX_PREDICTION_CHARS = 10_000
 SOFT_TIMEOUT_FRACTION = 0.8
 MAX_ANSWER_MARKERS = 3   # each costs a parse (~2 ms): a prediction of 1000 'answer:'s must not time out
+MAX_SCIENTIFIC_EXPONENT = 1000   # `1e1000` is written out as 1001 digits; `1e99999999` would be a bomb
+MAX_INTEGER_DIGITS = 2 * MAX_PREDICTION_CHARS   # the worker's int<->str limit: a gold of 5,001 digits parses
 STARTUP_TIMEOUT_S = 60.0   # importing sympy is trusted work, but slow on a loaded machine
 GOLD_CACHE_SIZE = 65_536   # golds whose parse (worker) and parses-or-not (parent) are kept: a run's worth
 
@@ -123,6 +159,48 @@ _LATEX_NOT_WORDS = re.compile(r'\\(?:text\w*|math\w*|mbox|operatorname|begin|end
 # 404/5): a space goes between a number and the Hangul after it, and a period that ends a number goes.
 _NUMBER_THEN_HANGUL = re.compile(r'(\d)(?=[가-힣])')
 _PERIOD_AFTER_NUMBER = re.compile(r'(\d)\.(?!\d)')
+# A number in scientific notation (mantissa with optional thousands separators, then e/E and a signed
+# exponent); not inside a word or hex literal (`0x1e3`, `a1e5`), not a decimal's tail.
+_SCIENTIFIC = re.compile(r'(?<![A-Za-z0-9_.])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d*)?|\.\d+)[eE]([-+−]?\d+)'
+                         r'(?!\.\d)')
+# A number that may carry a notation after it: plain or with thousands separators, not inside a word or number.
+_MANTISSA = r'(?<![A-Za-z0-9_.,^/÷])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)'
+_SUPERSCRIPTS = str.maketrans('⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺', '0123456789-+')
+# Times ten to a power: `2\times10^{3}`, `2 \cdot 10^3`, `2·10^3`, `2*10^3`, `2 x 10^3`, `2×10³`.
+_TIMES_TEN = re.compile(_MANTISSA + r'\s*(?:\\times|\\cdot|[×·⋅∙*xX])\s*10\s*(?:\^\s*\{\s*([-+−]?\d+)\s*\}'
+                        r'|\^\s*([-+−]?\d+)|([⁻⁺]?[⁰¹²³⁴⁵⁶⁷⁸⁹]+))(?![\d^!.⁰¹²³⁴⁵⁶⁷⁸⁹]|\.\d)')
+_MAGNITUDE_WORDS = {'hundred': 100, 'thousand': 10**3, 'million': 10**6, 'billion': 10**9, 'trillion': 10**12,
+                    'dozen': 12}
+_MAGNITUDE_WORD = re.compile(_MANTISSA + r'((?:\s+(?:' + '|'.join(_MAGNITUDE_WORDS) + r')\b)+)', re.IGNORECASE)
+# Korean magnitudes: digits before 조 10¹², 억 10⁸, 만 10⁴ and 천, 백, 십 within them (`1억 2345만 6789`, `3백만`),
+# not the words that start with those syllables (만큼 'as much as', 만약 'if', 조각 'piece' ...).
+_KOREAN_UNITS = {'조': 10**12, '억': 10**8, '만': 10**4, '천': 1000, '백': 100, '십': 10}
+_KOREAN_UNIT = r'[조억만천백십](?![큼약들족일나든각건합사])'
+_KOREAN_NUMBER_PART = r'\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?'
+_KOREAN_NUMBER = re.compile(rf'(?<![A-Za-z0-9_.,])(?:{_KOREAN_NUMBER_PART})\s?{_KOREAN_UNIT}'
+                            rf'(?:\s?(?:(?:{_KOREAN_NUMBER_PART})\s?)?{_KOREAN_UNIT})*(?:\s?\d+(?![\d.,]))?')
+_KOREAN_TOKEN = re.compile(rf'({_KOREAN_NUMBER_PART})?\s?([조억만천백십])|(\d+)$')
+_VULGAR_FRACTION = re.compile(r'(?<![\w.,])(\d+)?([½⅓⅔¼¾⅕⅖⅗⅘⅙⅚⅛⅜⅝⅞])')
+_NON_DECIMAL_INTEGER = re.compile(r'(?<![\w.])0(?:[xX][0-9a-fA-F]+|[bB][01]+|[oO][0-7]+)\b')
+_UNDERSCORE_GROUPS = re.compile(r'(?<![\w.])\d{1,3}(?:_\d{3})+\b')
+# Where math a prediction already delimits starts; bare LaTeX is looked for only outside it.
+_MATH_OPENER = re.compile(r'\$\$|\$|\\\(|\\\[|\\boxed\s*\{')
+# Bare LaTeX that starts with a number or a command (`2\pi`, `2 \times 3`, `2^{10}`, `10!`, `3k`): atoms (numbers,
+# commands, brace groups, parentheses without words, operators, a letter glued to a number) with spaces between.
+_BARE_ATOM = (r'(?:\\[A-Za-z]+|\\[,;:!{} ]|\d+(?:\.\d+)?|\{(?:[^{}\n]|\{(?:[^{}\n]|\{[^{}\n]*\})*\})*\}'
+              r'|\((?:[^()A-Za-z\n]|\\[A-Za-z]+)*\)|[-+−*/=^_×·÷<>]|(?<=\d)[A-Za-z](?![A-Za-z])|(?<=\S)!)')
+_BARE_LATEX = re.compile(rf'(?<![\w.,\\^_{{}}$])(?:[-−]?(?:\d+(?:\.\d+)?|\\[A-Za-z]+)|\((?:[^()A-Za-z\n]|\\[A-Za-z]+)*\))'
+                         rf'(?:[ \t]*{_BARE_ATOM})*')
+# What makes a bare run LaTeX rather than math-verify's plain arithmetic: a command, a brace, `^`, a factorial, or
+# a letter glued to a number (`2e` is 2·e, `3k` 3·k: never 3).
+_LATEX_SIGN = re.compile(r'[\\{^!]|\d[A-Za-z]')
+# Digits joined by commas that group no thousands (`1,5`): values in a list, as in a bare gold.
+_COMMA_LIST = re.compile(r'(?<![A-Za-z0-9_.,])\d+(?:\.\d+)?(?:,\d+(?:\.\d+)?)+(?![A-Za-z0-9_,]|\.\d)')
+_THOUSANDS = re.compile(r'\d{1,3}(?:,\d{3})+(?:\.\d+)?')
+# Unicode a plain-text answer writes math in, rewritten as LaTeX: `3²`, `2π`, `2 pi`, `2√3`.
+_SUPERSCRIPT_EXPONENT = re.compile(r'[⁻⁺]?[⁰¹²³⁴⁵⁶⁷⁸⁹]+')
+_SPELT_PI = re.compile(r'(\d)\s*(?:π|pi\b)')
+_ROOT_SIGN = re.compile(r'√\s*(\d+(?:\.\d+)?|[A-Za-z]|\([^()\n]*\))')
 # A value a prediction states: delimited LaTeX, or a number that starts a digit run (so the scan stays linear
 # on long digit strings), with its fraction and percent sign.
 _VALUE = (r'(?:\$[^$]+\$|\\\(.{0,500}?\\\)|\\boxed\{(?:[^{}]|\{[^{}]*\})*\}'
@@ -402,6 +480,9 @@ atexit.register(close)
 
 
 def _read_frame(stream) -> dict | None:
+  # Plain json.loads, not luckystar.files.loads: the parent writes these frames (a flat dict of strings,
+  # numbers and bools; a prediction or gold is a JSON string, never nested or parsed as a number), and the
+  # worker imports nothing of luckystar.
   header = stream.read(_FRAME_HEADER.size)
   if len(header) < _FRAME_HEADER.size:
     return None   # the parent closed our stdin: time to go
@@ -470,7 +551,9 @@ def _answer_candidates(prediction: str):
 
 def _parse_gold(math_verify, extraction_config, gold: str) -> list | None:
   """The gold as scoring reads it, or None when it cannot be scored (empty, prose, or only raw text)."""
-  gold = gold.strip().replace('\\$', '')   # trusted data: no length cap. '\$18.90' is a price, not math
+  gold = _written_out(gold.strip().replace('\\$', ''))   # trusted: no length cap. '\$18.90' is a price
+  if gold is None:
+    return None   # an exponent too large to write out: the judge decides
   if gold and not any(delimiter in gold for delimiter in _LATEX_DELIMITERS):
     if _is_prose(gold):
       return None   # unscorable: the judge decides
@@ -481,13 +564,130 @@ def _parse_gold(math_verify, extraction_config, gold: str) -> list | None:
   return gold_parsed
 
 
+def _decimal(number: str) -> decimal.Decimal:
+  return decimal.Decimal(number.replace(',', '').replace('−', '-'))
+
+
+def _plain(value: decimal.Decimal) -> str:
+  """Every digit, no exponent, no trailing zeros after a point: 35000, 0.0025."""
+  text = format(value, 'f')
+  return text.rstrip('0').rstrip('.') if '.' in text else text
+
+
+def _korean_value(text: str) -> decimal.Decimal:
+  """`1억 2345만 6789` → 123456789: 천, 백, 십 add up a section, which 만, 억, 조 then scale."""
+  total = section = decimal.Decimal(0)
+  for number, unit, trailing in _KOREAN_TOKEN.findall(text.replace(' ', '')):
+    if trailing:
+      total += _decimal(trailing)
+    elif _KOREAN_UNITS[unit] < 10**4:
+      section += (_decimal(number) if number else 1) * _KOREAN_UNITS[unit]
+    else:
+      total += ((section + (_decimal(number) if number else 0)) or 1) * _KOREAN_UNITS[unit]
+      section = decimal.Decimal(0)
+  return total + section
+
+
+def _written_out(text: str, max_chars: int | None = None) -> str | None:
+  """`text` with each number whose notation scales it written out as a decimal: scientific (`2e3` → 2000, `1e-3`
+  → 0.001), times ten to a power (`2\\times10^{3}`), magnitude words (`3 thousand`, `3만 5천` → 35000), vulgar
+  fractions (`1½` → 3/2), hexadecimal, binary, octal and `1_000`. None when an exponent is past
+  MAX_SCIENTIFIC_EXPONENT or the result longer than `max_chars`: such a number has no digits worth writing."""
+  too_big = False
+
+  def scaled(mantissa: str, exponent: int) -> str:
+    nonlocal too_big
+    if abs(exponent) > MAX_SCIENTIFIC_EXPONENT:
+      too_big = True
+      return mantissa
+    # Decimal from text is exact (no float rounding, no overflow to inf); 'f' writes every digit.
+    return format(_decimal(mantissa).scaleb(exponent), 'f')
+
+  def times_ten(match: re.Match) -> str:
+    exponent = match[2] or match[3] or match[4].translate(_SUPERSCRIPTS)
+    return scaled(match[1], int(exponent.replace('−', '-')))
+
+  def magnitude_words(match: re.Match) -> str:
+    value = _decimal(match[1])
+    for word in match[2].split():
+      value *= _MAGNITUDE_WORDS[word.lower()]
+    return _plain(value)
+
+  def vulgar_fraction(match: re.Match) -> str:
+    value = fractions.Fraction(unicodedata.numeric(match[2])).limit_denominator(10) + int(match[1] or 0)
+    return f'{value.numerator}/{value.denominator}'
+
+  def non_decimal_integer(match: re.Match) -> str:
+    nonlocal too_big
+    if len(match[0]) > 66:   # 64 hex digits are 78 decimal ones; longer is no answer, and str(int) is quadratic
+      too_big = True
+      return match[0]
+    return str(int(match[0], 0))
+
+  text = _TIMES_TEN.sub(times_ten, text)
+  text = _SCIENTIFIC.sub(lambda match: scaled(match[1], int(match[2].replace('−', '-'))), text)
+  text = _MAGNITUDE_WORD.sub(magnitude_words, text)
+  text = _KOREAN_NUMBER.sub(lambda match: _plain(_korean_value(match[0])), text)
+  text = _VULGAR_FRACTION.sub(vulgar_fraction, text)
+  text = _NON_DECIMAL_INTEGER.sub(non_decimal_integer, text)
+  text = _UNDERSCORE_GROUPS.sub(lambda match: match[0].replace('_', ''), text)
+  return None if too_big or (max_chars is not None and len(text) > max_chars) else text
+
+
+def _delimited(prediction: str) -> str:
+  """The prediction with its bare LaTeX in `$..$`, so that math-verify reads `2\\pi` as 2π and `10!` as 3628800,
+  never as their leading number; and with a comma list of digits that groups no thousands (`1,5`) in `$..$` too,
+  read as values in a list, as a bare gold's is, never as the European 1.5."""
+
+  def bare_latex(match: re.Match) -> str:
+    run = match[0].rstrip(' \t-+−*/=^_×·÷<>')
+    if not _LATEX_SIGN.search(run):
+      return match[0]   # plain arithmetic: math-verify's own expression reading
+    return f'${run}${match[0][len(run):]}'
+
+  def comma_list(match: re.Match) -> str:
+    return match[0] if _THOUSANDS.fullmatch(match[0]) else f'${match[0]}$'
+
+  def plain_part(text: str) -> str:
+    text = _SUPERSCRIPT_EXPONENT.sub(lambda match: f'^{{{match[0].translate(_SUPERSCRIPTS)}}}', text)
+    text = _ROOT_SIGN.sub(r'\\sqrt{\1}', _SPELT_PI.sub(r'\1\\pi ', text))
+    return _BARE_LATEX.sub(bare_latex, _COMMA_LIST.sub(comma_list, text))
+
+  parts, position = [], 0
+  for opener in _MATH_OPENER.finditer(prediction):
+    if opener.start() < position:
+      continue   # inside the math before
+    parts.append(plain_part(prediction[position:opener.start()]))
+    position = _math_end(prediction, opener)
+    parts.append(prediction[opener.start():position])
+  return ''.join(parts + [plain_part(prediction[position:])])
+
+
+def _math_end(text: str, opener: re.Match) -> int:
+  """Where the math `opener` starts ends: after its closer, or its braces' close for `\\boxed{`; the end of the
+  text when it never closes (left as it is)."""
+  if opener[0] in _MATH_CLOSERS:
+    end = text.find(_MATH_CLOSERS[opener[0]], opener.end())
+    return len(text) if end < 0 else end + len(_MATH_CLOSERS[opener[0]])
+  depth = 1
+  for brace in re.finditer(r'\\.|[{}]', text[opener.end():]):
+    depth += {'{': 1, '}': -1}.get(brace[0], 0)
+    if depth == 0:
+      return opener.end() + brace.end()
+  return len(text)
+
+
 def _without_rejected_values(prediction: str) -> str:
   """The prediction with each value it negates, calls wrong or takes back struck out ('5가 아니라 7' → ' 7')."""
   return _REJECTED_VALUE.sub(' ', prediction)
 
 
 def _verify(math_verify, extraction_config, prediction: str, gold_parsed: list) -> bool:
-  prediction = _KOREAN_ANSWER_MARKER.sub('answer: ', _without_rejected_values(prediction))
+  # First, so that `not 2e3` strikes 2000, not 2. Many `1e999`s would write out a parser-slowing text.
+  prediction = _written_out(prediction, max_chars=2 * MAX_PREDICTION_CHARS)
+  if prediction is None:
+    return False
+  prediction = _KOREAN_ANSWER_MARKER.sub('answer: ', _without_rejected_values(_delimited(prediction)))
   prediction_parsed = []
   for candidate in _answer_candidates(prediction):
     candidate = _PERIOD_AFTER_NUMBER.sub(r'\1', _NUMBER_THEN_HANGUL.sub(r'\1 ', candidate))
@@ -527,6 +727,10 @@ def _answer(math_verify, extraction_config, parse_gold, request: dict) -> dict:
 def _serve(memory_limit_bytes: int, parent_pid: int) -> None:
   import resource
   resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
+  # Python converts at most 4,300 digits between int and str; sympy then fails on a long gold such as a
+  # 5,001-digit integer. Predictions are shorter than MAX_PREDICTION_CHARS, so twice that stays cheap.
+  if hasattr(sys, 'set_int_max_str_digits'):
+    sys.set_int_max_str_digits(MAX_INTEGER_DIGITS)
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   signal.signal(signal.SIGALRM, _raise_soft_timeout)
   _die_with_parent(parent_pid)

@@ -4,6 +4,7 @@ import importlib
 import importlib.util
 import json
 import math
+import os
 import pathlib
 import traceback
 
@@ -11,6 +12,7 @@ import jax
 import ml_collections
 
 from luckystar import errors
+from luckystar import files
 from luckystar.engine import artifacts, checkpoint
 from luckystar.rewards import judge as judge_lib
 from luckystar.tokenizer import formats
@@ -26,6 +28,8 @@ def stage_module(stage: str):
     raise errors.UserError(f'config.stage={stage!r} is not a stage; expected one of {STAGES}')
   return importlib.import_module(f'luckystar.stages.{stage}')
 
+
+MAX_SAVED_CONFIG_BYTES = 16 << 20   # a run's config.json is a few kB
 
 # What a re-run on a workdir with checkpoints may change and still resume: how long the run goes, how often it
 # logs, evaluates and checkpoints, and how its batch is split over devices and micro-batches (the loss is a sum
@@ -108,7 +112,7 @@ def save(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> None
   outside RESUME_MAY_CHANGE is a UserError naming the keys, on every process, and the saved config stays."""
   path = pathlib.Path(workdir) / 'config.json'
   text = config.to_json_best_effort(indent=2) + '\n'
-  if path.is_file() and checkpoint.latest_step(workdir) is not None:
+  if os.path.lexists(path) and checkpoint.latest_step(workdir) is not None:   # a FIFO is refused, not read
     saved, new = flatten(_saved_config(path)), flatten(json.loads(text))
     if differ := sorted(key for key in saved.keys() | new.keys() if saved.get(key, '<absent>') != new.get(
         key, '<absent>') and key.split('.')[0] not in RESUME_MAY_CHANGE):
@@ -119,15 +123,21 @@ def save(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> None
   if jax.process_index() == 0:
     try:
       artifacts.write_atomically(path, text)
+    except artifacts.WriteFailed:
+      raise   # a full disk or a read-only workdir: names the path and what to do
     except OSError as e:
       raise errors.UserError(f'cannot write {path} ({e.strerror}); use a --workdir this user can write to') from None
 
 
 def _saved_config(path: pathlib.Path) -> dict:
-  """The config.json of a run with checkpoints, or a UserError: without it a re-run cannot be checked."""
+  """The config.json of a run with checkpoints, or a UserError: without it a re-run cannot be checked. Read
+  within bounds (`luckystar.files`): a FIFO, a device or a huge file is refused, not read."""
+  text = files.read_text(path, MAX_SAVED_CONFIG_BYTES, 'saved config')
   try:
-    saved = json.loads(path.read_text())
-  except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+    if (depth := files.json_depth(text)) > files.MAX_JSON_DEPTH:
+      raise ValueError(f'nested {depth} levels deep, at most {files.MAX_JSON_DEPTH}')
+    saved = json.loads(text)
+  except ValueError as e:  # json.JSONDecodeError, and worded as before: tests and users match on it
     saved = e
   if not isinstance(saved, dict):
     reason = f'not valid JSON: {saved}' if isinstance(saved, ValueError) else 'not a JSON object'

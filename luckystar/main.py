@@ -6,7 +6,9 @@ Writes DIR/config.json, then runs the stage named by `config.stage` (its module'
 Re-running on the same DIR resumes from its last checkpoint; the config may then change only in
 `config.RESUME_MAY_CHANGE` (how long the run goes, how often it logs and checkpoints, how the batch is laid out).
 Bad input (a config file that does not load, a value outside its `config.DOMAINS`, a workdir that cannot be
-one) stops with one `error: ...` line and a non-zero exit, before anything is written.
+one) stops with one `error: ...` line and a non-zero exit, before anything is written; so does a write the disk
+refuses during the run (full, or made read-only), naming the path: the re-run after the fix resumes from the
+last complete checkpoint.
 """
 
 import os
@@ -21,6 +23,7 @@ from ml_collections import config_flags
 from luckystar import config as config_lib
 from luckystar import errors
 from luckystar import distributed
+from luckystar.engine import artifacts
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Experiment config file, `file.py` or `file.py:variant`.', lock_config=True)
@@ -44,6 +47,10 @@ def main(argv):
     module.run(config, str(workdir))
   except (FileNotFoundError, errors.UserError) as e:  # a bad init_from, checkpoint or data file
     raise SystemExit(f'error: {e}') from None
+  except OSError as e:   # a write the disk refused outside the training loop (which says where it resumes)
+    if (failure := artifacts.write_failure(e)) is None:
+      raise
+    raise SystemExit(f'error: {failure}; then re-run the same command') from None
 
 
 def make_workdir(workdir: pathlib.Path) -> None:

@@ -2,8 +2,12 @@
 log-probs, rejection-sampled traces, a finished pipeline stage), keyed by a fingerprint of what they
 depend on: a re-run reuses them, and one made under other settings is never reused silently."""
 
+import contextlib
+import errno
 import json
+import os
 import pathlib
+import re
 from typing import Any, Callable, Mapping, Sequence
 
 from absl import logging
@@ -15,15 +19,75 @@ from luckystar.data import sources
 
 Files = Mapping[str, str | bytes]   # file name in the workdir → its content
 
+# Writes the disk refuses: out of room (a full disk, a quota, a file-size limit), or not writable.
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+_TENSORSTORE_ERRNO = re.compile(r"os_error_code='?(\d+)")   # how tensorstore (orbax's arrays) reports errno
+_QUOTED_PATH = re.compile(r'"(/[^"]+)"')
+
+
+class WriteFailed(errors.UserError, OSError):
+  """A write into the workdir that the disk refused (no room, or no permission): main prints it as one line
+  naming the path, and a re-run after the fix resumes from the last complete checkpoint. Also an OSError, which
+  is what callers caught before it was a UserError (its message is its only argument: no errno, so that `str`
+  stays the message)."""
+
+
+def write_failure(error: BaseException | None, path: str | os.PathLike | None = None) -> WriteFailed | None:
+  """`error` (or one it was raised from) as a WriteFailed naming `path` (else the path the error names), when
+  it is a refused write: an OSError, or tensorstore's error from orbax's background save, whose errno is in
+  NO_ROOM or NOT_WRITABLE. None for anything else."""
+  for _ in range(8):   # the error and the ones it was raised from
+    if error is None:
+      return None
+    if isinstance(error, WriteFailed):
+      return error
+    code, where = None, None
+    if isinstance(error, OSError):
+      code, where = error.errno, error.filename
+    elif found := _TENSORSTORE_ERRNO.search(str(error)):
+      code, paths = int(found[1]), _QUOTED_PATH.findall(str(error))
+      where = paths[-1] if paths else None   # the innermost: the file being written
+    if code in NO_ROOM + NOT_WRITABLE:
+      where, reason = path or where or 'the workdir', os.strerror(code)
+      if code == errno.EFBIG:
+        advice = 'a file-size limit (ulimit -f) or a full disk: raise the limit or free space there'
+      elif code in NO_ROOM:
+        advice = 'free space there (or use a --workdir on a disk with room)'
+      else:
+        advice = 'make it writable again (read-only, immutable, or not this user\'s to write)'
+      return WriteFailed(f'{os.fspath(where)}: {reason}; {advice}')
+    error = error.__cause__ or error.__context__
+  return None
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike | None = None):
+  """A refused write inside the block (`write_failure`) becomes a WriteFailed naming `path` (else the file the
+  error names): Python's errors from writing an open file name no file."""
+  try:
+    yield
+  except OSError as e:
+    if (failure := write_failure(e, path)) is None:
+      raise
+    raise failure from None
+
 
 def write_atomically(path: pathlib.Path, content: str | bytes) -> None:
-  """`content` to `path` through a temporary file beside it: a crash leaves the old file or the new one, whole."""
+  """`content` to `path` through a temporary file beside it: a crash leaves the old file or the new one, whole,
+  and a refused write (a WriteFailed naming `path`) leaves the old one and no temporary file."""
   tmp = path.with_name(path.name + '.tmp')
-  if isinstance(content, bytes):
-    tmp.write_bytes(content)
-  else:
-    tmp.write_text(content, encoding='utf-8')
-  tmp.replace(path)
+  try:
+    with writing(path):
+      if isinstance(content, bytes):
+        tmp.write_bytes(content)
+      else:
+        tmp.write_text(content, encoding='utf-8')
+      tmp.replace(path)
+  except BaseException:
+    with contextlib.suppress(OSError):   # a read-only directory keeps it; nothing else can be done there
+      tmp.unlink(missing_ok=True)
+    raise
 
 
 def plain(value: Any) -> Any:

@@ -11,15 +11,19 @@ They are written once the step is complete on every process and checked before a
 bytes changed inside a file stop the run with the file's name instead of restoring garbage.
 
 orbax writes a step into a temporary directory and renames it when complete, so a run killed
-mid-save leaves the previous checkpoint as the latest.
+mid-save leaves the previous checkpoint as the latest. A save the disk refuses (full, or made read-only) is
+an artifacts.WriteFailed naming the file (`save`, `wait_until_saved`): the partial step directory is removed
+and the previous checkpoint stays the resume point.
 """
 
 import concurrent.futures
+import contextlib
 import json
 import logging as logging_std
 import os
 import pathlib
 import re
+import shutil
 import sys
 import traceback
 from typing import Any
@@ -34,6 +38,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from luckystar import errors
+from luckystar import files
 from luckystar import model
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.engine import artifacts
@@ -57,6 +62,9 @@ _CHECKSUMS_FORMAT = 'luckystar checksums 1: file -> [bytes, crc32]'
 # data/process_<i>-of-<n>.json.
 _PROCESS_IN_NAME = re.compile(r'(?:^|[/.])process_(\d+)(?=$|[/.-])')
 _READ_CHUNK = 16 << 20
+_PARTIAL = '.orbax-checkpoint-tmp'   # how orbax names a step directory until it is complete
+MAX_MANIFEST_BYTES = 64 << 20   # ~100 bytes a file; orbax writes a few dozen files a step
+MAX_RECORD_BYTES = 16 << 20     # a run's tokenizer record and config.json: a few kB
 
 
 class _Manager(ocp.CheckpointManager):
@@ -151,7 +159,11 @@ def verify_checksums(step_dir: pathlib.Path, *, use: str = 'resume from', shared
   expected, process_counts = {}, set()
   for path in manifests:
     try:
-      saved = json.loads(path.read_text())
+      saved = files.read_json(path, MAX_MANIFEST_BYTES, 'checksum manifest')
+    except errors.InvalidFile as e:   # not a regular file, too large, nested too deeply, not JSON
+      raise CheckpointError(f'{path}: checksum manifest damaged or edited ({str(e).removeprefix(f"{path}: ")}), '
+                            f'so {step_dir} cannot be verified; {_advice(step_dir, use)}') from None
+    try:
       body = {k: v for k, v in saved.items() if k != 'sealed'}
       intact = (saved['sealed'] == _sealed(body) and saved['format'] == _CHECKSUMS_FORMAT
                 and path == manifest_path(step_dir, saved['process']))
@@ -203,7 +215,13 @@ def manager(workdir: str | pathlib.Path, *, keep: int) -> ocp.CheckpointManager:
   checkpoint (0) or fail deep inside (negative), and a re-run would start over from step 0."""
   if keep < 1:
     raise errors.UserError(f'config.keep_checkpoints={keep} keeps no checkpoint to resume from; use 1 or more')
-  options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+  # Step directories made on the calling thread: made in the background, a refused mkdir (a read-only
+  # checkpoints/) leaves orbax's other threads waiting 5 minutes for it before the error surfaces. Partial
+  # step directories a failed save left behind are removed when the next run opens the manager.
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=keep, create=True, cleanup_tmp_directories=True,
+      async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
+  _drop_abandoned_reads()   # and writes: a save that fails abandons its other arrays' writes the same way
   handlers = {STATE: ocp.StandardCheckpointHandler(), DATA: grain.checkpoint.CheckpointHandler(),
               MODEL_CONFIG: ocp.JsonCheckpointHandler()}
   return _Manager(directory(workdir), options=options, item_handlers=handlers)
@@ -222,11 +240,34 @@ def latest_step(workdir: str | pathlib.Path) -> int | None:
 def save(checkpoints: ocp.CheckpointManager, state: Any, iterator: grain.DatasetIterator,
          model_config: model.ModelConfig | None = None) -> None:
   """Starts saving `state` at its step: arrays are written in the background, the iterator position
-  now (the loop moves the iterator on right after)."""
+  now (the loop moves the iterator on right after). A refused write, of this save or of the one before it
+  (orbax waits for that first), is an artifacts.WriteFailed naming the path (`wait_until_saved`)."""
   items = {STATE: ocp.args.StandardSave(state), DATA: grain.checkpoint.CheckpointSave(iterator)}
   if model_config is not None:
     items[MODEL_CONFIG] = ocp.args.JsonSave(model_config.to_dict())
-  checkpoints.save(int(state.step), args=ocp.args.Composite(**items))
+  with _refused_writes(checkpoints):
+    checkpoints.save(int(state.step), args=ocp.args.Composite(**items))
+
+
+def wait_until_saved(checkpoints: ocp.CheckpointManager) -> None:
+  """Waits for the save in the background. A write the disk refused there (no room, no permission) is an
+  artifacts.WriteFailed naming the file, and the partial step directory is removed (it holds what room there
+  was); the latest complete step stays the latest."""
+  with _refused_writes(checkpoints):
+    checkpoints.wait_until_finished()
+
+
+@contextlib.contextmanager
+def _refused_writes(checkpoints: ocp.CheckpointManager):
+  try:
+    yield
+  except Exception as e:   # OSError from orbax's own code, ValueError carrying tensorstore's errno
+    if (failure := artifacts.write_failure(e)) is None:
+      raise
+    if jax.process_index() == 0:
+      for partial in pathlib.Path(str(checkpoints.directory)).glob(f'*{_PARTIAL}*'):
+        shutil.rmtree(partial, ignore_errors=True)
+    raise failure from None
 
 
 def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
@@ -249,9 +290,10 @@ def _check_compatible(saved: Any, abstract_state: Any, path: pathlib.Path) -> No
 
 
 def _drop_abandoned_reads() -> None:
-  """Called before orbax reads a checkpoint. When a read fails, orbax's restore gives up on the others: they
-  end later (at exit, or during some later test) failing in coroutines and futures nobody awaits, or calling
-  back into the restore's closed asyncio loop, and each would print a traceback after the one-line error."""
+  """Called before orbax reads or writes a checkpoint. When a read (or a write: a full disk) fails, orbax gives up
+  on the others: they end later (at exit, or during some later test) failing in coroutines and futures nobody
+  awaits, or calling back into the closed asyncio loop, and each would print a traceback after the one-line
+  error."""
   if not isinstance(sys.unraisablehook, _AbandonedReadsDropped):
     sys.unraisablehook = _AbandonedReadsDropped(sys.unraisablehook)
   asyncio_logger = logging_std.getLogger('asyncio')   # "exception was never retrieved"
@@ -349,15 +391,23 @@ def save_tokenizer(workdir: str | pathlib.Path, tokenizer: tokenizer_lib.Tokeniz
     artifacts.write_atomically(directory_ / name, content)
 
 
+def tokenizer_dir(path: str | pathlib.Path) -> pathlib.Path:
+  """Where a run directory (or its checkpoints/, or a step in it) records its tokenizer."""
+  return _workdir_of(pathlib.Path(path).absolute()) / TOKENIZER_DIR
+
+
 def load_tokenizer(path: str | pathlib.Path, chat_format: str = 'auto') -> tokenizer_lib.Tokenizer:
   """The tokenizer a run directory (or its checkpoints/, or a step in it) recorded; the bundled one for a run
   that recorded none (runs of the bundled models made before runs recorded their tokenizer)."""
-  directory_ = _workdir_of(pathlib.Path(path).absolute()) / TOKENIZER_DIR
-  if not (directory_ / TOKENIZER_RECORD).is_file():
+  directory_ = tokenizer_dir(path)
+  record = directory_ / TOKENIZER_RECORD
+  if not os.path.lexists(record):
     return tokenizer_lib.default()
   try:
-    recorded = json.loads((directory_ / TOKENIZER_RECORD).read_text(encoding='utf-8'))['chat_format']
+    recorded = files.read_json(record, MAX_RECORD_BYTES, 'tokenizer record')['chat_format']
     tokenizer = tokenizer_lib.from_dir(directory_, recorded if chat_format == 'auto' else chat_format)
+  except errors.InvalidFile:
+    raise   # names the file already
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise errors.InvalidFile(f'{directory_}: cannot read the run\'s tokenizer ({e})') from None
   if tokenizer is None:
@@ -366,9 +416,14 @@ def load_tokenizer(path: str | pathlib.Path, chat_format: str = 'auto') -> token
 
 
 def _names_a_stage(config_file: pathlib.Path) -> bool:
+  """Whether a run's config.json is there; one that is a FIFO or a device is an InvalidFile naming it (reading
+  it would block or never end), one that is not JSON is not a run's (hf.read_config reports it)."""
+  if not os.path.lexists(config_file):
+    return False
+  files.regular_file(config_file, 'config.json')
   try:
-    return 'stage' in json.loads(config_file.read_text())
-  except (OSError, ValueError, TypeError):   # absent, unreadable, or not a JSON object
+    return 'stage' in files.read_json(config_file, MAX_RECORD_BYTES, 'config.json')
+  except (errors.InvalidFile, TypeError):   # unreadable, or not a JSON object
     return False
 
 

@@ -28,6 +28,7 @@ import jax
 import tqdm
 
 from luckystar import model
+from luckystar.engine import artifacts
 from luckystar.engine import checkpoint
 from luckystar.engine import metrics as metrics_lib
 from luckystar.engine import state as state_lib
@@ -40,10 +41,14 @@ CRASH_AFTER_STEP_ENV = 'LUCKYSTAR_CRASH_AFTER_STEP'
 
 
 class _HideOrbaxInfo(logging_std.Filter):
-  """orbax logs dozens of INFO lines per checkpoint; keep its warnings and errors only."""
+  """orbax logs dozens of INFO lines per checkpoint; keep its warnings and errors only, but for the traceback it
+  logs of a write the disk refused, which the run reports itself in one line (`checkpoint.wait_until_saved`)."""
 
   def filter(self, record: logging_std.LogRecord) -> bool:
-    return record.levelno >= logging_std.WARNING or '/orbax/' not in record.pathname
+    if '/orbax/' not in record.pathname:
+      return True
+    refused = record.exc_info is not None and artifacts.write_failure(record.exc_info[1]) is not None
+    return record.levelno >= logging_std.WARNING and not refused
 
 
 logging.get_absl_handler().addFilter(_HideOrbaxInfo())
@@ -132,22 +137,49 @@ def run_training(config, workdir: str | pathlib.Path, *, state: TrainState, upda
     finish_without_training(config, workdir, progress_keys=progress_keys, summary_keys=summary_keys)
     return state
   checkpoints = checkpoint.manager(workdir, keep=config.keep_checkpoints)
-  restored = checkpoint.restore_latest(checkpoints, state, batches)
-  if restored is not None:
-    state = restored
-    logging.info('resumed from %s at step %d', checkpoint.directory(workdir), int(state.step))
-  start = int(state.step)
-  writer = metrics_lib.Writer(workdir, resumed_step=start if restored is not None else None)
+  writer = None
   try:
+    restored = checkpoint.restore_latest(checkpoints, state, batches)
+    if restored is not None:
+      state = restored
+      logging.info('resumed from %s at step %d', checkpoint.directory(workdir), int(state.step))
+    start = int(state.step)
+    writer = metrics_lib.Writer(workdir, resumed_step=start if restored is not None else None)
     state = _train(config, state, update_fn, batches, eval_fn, model_config, checkpoints, writer, start, prepare,
                    progress_keys)
-  finally:
+    checkpoint.wait_until_saved(checkpoints)   # a refused write of the last save surfaces here
     writer.close()
-    checkpoints.wait_until_finished()
     checkpoints.close()
     metrics_lib.plot(workdir, plot_keys(progress_keys, summary_keys))
+  except BaseException as error:
+    _close_after(error, writer, checkpoints)
+    if (failure := artifacts.write_failure(error)) is not None:
+      raise artifacts.WriteFailed(f'{failure}; then re-run the same command: {_resume_point(workdir)}') from None
+    raise
   summarize(config, workdir, summary_keys)
   return state
+
+
+def _close_after(error: BaseException, writer: metrics_lib.Writer | None, checkpoints) -> None:
+  """After `error`: the save in flight finished and everything closed, so that no orbax thread outlives the
+  interpreter (a full disk used to end in `sys.meta_path is None` at exit); their own errors are logged, not
+  raised, as `error` is the one to report."""
+  for name, close in (('metrics', writer.close if writer is not None else None),
+                      ('checkpoint save', lambda: checkpoint.wait_until_saved(checkpoints)),
+                      ('checkpoints', checkpoints.close)):
+    try:
+      if close is not None:
+        close()
+    except Exception as e:  # pylint: disable=broad-except  # the first error is reported; these are its echoes
+      if artifacts.write_failure(e) is None or artifacts.write_failure(error) is None:
+        logging.warning('after %s: closing %s failed too: %s', type(error).__name__, name, e)
+
+
+def _resume_point(workdir: pathlib.Path) -> str:
+  step = checkpoint.latest_step(workdir)
+  if step is None:
+    return 'no checkpoint was complete, so it starts over'
+  return f'it resumes from step {step} ({checkpoint.directory(workdir) / str(step)})'
 
 
 def _train(config, state, update_fn, batches, eval_fn, model_config, checkpoints, writer, start, prepare,
@@ -179,30 +211,30 @@ def _train(config, state, update_fn, batches, eval_fn, model_config, checkpoints
   batch, prepared = next_batch(state)
   compiled_for(batch)
 
-  progress = tqdm.tqdm(initial=start, total=total, unit='step', dynamic_ncols=True,
-                       disable=jax.process_index() != 0)
-  last_log_time, last_log_step = time.perf_counter(), start
-  for step in range(start + 1, total + 1):
-    if step > start + 1:
-      batch, prepared = next_batch(state)
-    tokens_per_step = batch['tokens'].size if 'tokens' in batch else 0
-    state, step_metrics = compiled_for(batch)(state, batch, step_rng(state))
-    row = {}
-    if _due(step, config.log_every, total):
-      row = dict(jax.device_get(step_metrics)) | prepared
-      now = time.perf_counter()
-      steps_per_sec = (step - last_log_step) / (now - last_log_time)
-      row |= {'perf/steps_per_sec': steps_per_sec, 'perf/update_tokens_per_sec': steps_per_sec * tokens_per_step}
-      last_log_time, last_log_step = now, step
-      progress.set_postfix(progress_postfix(row, progress_keys), refresh=False)
-    if eval_fn is not None and _due(step, config.eval_every, total):
-      row |= _evaluate(eval_fn, state.params, step)
-    writer.write(step, row)
-    if _due(step, config.checkpoint_every, total):
-      checkpoint.save(checkpoints, state, batches, model_config)
-    progress.update(1)
-    if step == crash_after:
-      checkpoints.wait_until_finished()
-      os.kill(os.getpid(), signal.SIGKILL)
-  progress.close()
+  # `with`: the bar is closed, its line ended, before an error is printed after it
+  with tqdm.tqdm(initial=start, total=total, unit='step', dynamic_ncols=True,
+                 disable=jax.process_index() != 0) as progress:
+    last_log_time, last_log_step = time.perf_counter(), start
+    for step in range(start + 1, total + 1):
+      if step > start + 1:
+        batch, prepared = next_batch(state)
+      tokens_per_step = batch['tokens'].size if 'tokens' in batch else 0
+      state, step_metrics = compiled_for(batch)(state, batch, step_rng(state))
+      row = {}
+      if _due(step, config.log_every, total):
+        row = dict(jax.device_get(step_metrics)) | prepared
+        now = time.perf_counter()
+        steps_per_sec = (step - last_log_step) / (now - last_log_time)
+        row |= {'perf/steps_per_sec': steps_per_sec, 'perf/update_tokens_per_sec': steps_per_sec * tokens_per_step}
+        last_log_time, last_log_step = now, step
+        progress.set_postfix(progress_postfix(row, progress_keys), refresh=False)
+      if eval_fn is not None and _due(step, config.eval_every, total):
+        row |= _evaluate(eval_fn, state.params, step)
+      writer.write(step, row)
+      if _due(step, config.checkpoint_every, total):
+        checkpoint.save(checkpoints, state, batches, model_config)
+      progress.update(1)
+      if step == crash_after:
+        checkpoints.wait_until_finished()
+        os.kill(os.getpid(), signal.SIGKILL)
   return state

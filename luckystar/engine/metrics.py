@@ -8,9 +8,11 @@ starts from scratch (no checkpoint) drops every earlier line. On resume a last l
 crash is dropped with a warning; any other malformed line is an error naming file:line.
 """
 
+import contextlib
 import json
 import math
 import pathlib
+import time
 from typing import Any, Mapping, Sequence
 
 from absl import logging
@@ -72,31 +74,63 @@ def _scalar(value: Any) -> float | int:
   return value if isinstance(value, int) else float(value)
 
 
+class _Events:
+  """A TensorBoard event file written on the caller's thread, flushed after each row. tensorboardX's
+  SummaryWriter writes from a thread of its own: a full disk kills that thread with a traceback, and each later
+  row then blocks on its full queue. Events from `purge_step` on in earlier files are hidden, as
+  SummaryWriter(purge_step=...) hides them."""
+
+  def __init__(self, workdir: pathlib.Path, purge_step: int):
+    # here: tensorboardX imports torch when installed (~2 s)
+    from tensorboardX import event_file_writer, summary  # pylint: disable=g-import-not-at-top
+    from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+    self._event, self._scalar = event_pb2.Event, summary.scalar
+    with artifacts.writing():   # names the file it could not create
+      self._file = event_file_writer.EventsWriter(str(workdir / 'events'))
+    self.path = pathlib.Path(self._file._file_name)  # pylint: disable=protected-access
+    with artifacts.writing(self.path):
+      self._file.write_event(self._event(step=purge_step, file_version='brain.Event:2'))
+      self._file.write_event(self._event(step=purge_step, session_log=event_pb2.SessionLog(
+          status=event_pb2.SessionLog.START)))
+      self._file.flush()
+
+  def write(self, step: int, scalars: Mapping[str, float]) -> None:
+    with artifacts.writing(self.path):
+      for name, value in scalars.items():
+        self._file.write_event(self._event(summary=self._scalar(name, value), step=step, wall_time=time.time()))
+      self._file.flush()
+
+  def close(self) -> None:
+    with artifacts.writing(self.path):
+      self._file.close()
+
+
 class Writer:
-  """Appends one row per logged step to metrics.jsonl and TensorBoard (`plot()` draws the summary figure)."""
+  """Appends one row per logged step to metrics.jsonl and TensorBoard (`plot()` draws the summary figure). A
+  write the disk refuses is an artifacts.WriteFailed naming the file."""
 
   def __init__(self, workdir: str | pathlib.Path, *, resumed_step: int | None = None):
     self.workdir = pathlib.Path(workdir)
-    self._tensorboard = None
+    self._events = None
     if _is_writer():
-      import tensorboardX  # pylint: disable=g-import-not-at-top  # here: it imports torch when installed (~2 s)
       last_kept = -1 if resumed_step is None else resumed_step
       _truncate_after(self.workdir / METRICS_FILE, last_kept)
-      self._tensorboard = tensorboardX.SummaryWriter(str(self.workdir), purge_step=last_kept + 1, flush_secs=10)
+      self._events = _Events(self.workdir, purge_step=last_kept + 1)
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:
     if not _is_writer() or not metrics:
       return
     row = {'step': int(step), **{k: _scalar(v) for k, v in sorted(metrics.items())}}
-    with (self.workdir / METRICS_FILE).open('a') as f:
+    path = self.workdir / METRICS_FILE
+    with artifacts.writing(path), path.open('a') as f:
       f.write(json.dumps(row, allow_nan=True) + '\n')
-    for name, value in row.items():
-      if name != 'step' and math.isfinite(value):  # NaN = undefined (e.g. no Korean prompt in the batch)
-        self._tensorboard.add_scalar(name, value, global_step=row['step'])
+    # NaN = undefined (e.g. no Korean prompt in the batch): not drawn
+    self._events.write(row['step'], {k: v for k, v in row.items() if k != 'step' and math.isfinite(v)})
 
   def close(self) -> None:
-    if self._tensorboard is not None:
-      self._tensorboard.close()
+    if self._events is not None:
+      events, self._events = self._events, None
+      events.close()
 
 
 def pyplot():
@@ -109,11 +143,21 @@ def pyplot():
 
 
 def save_figure(fig, path: pathlib.Path) -> pathlib.Path:
-  """Lays out, writes (creating the folder) and closes one figure."""
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.tight_layout()
-  fig.savefig(path)
-  pyplot().close(fig)
+  """Lays out, writes (creating the folder) and closes one figure; through a temporary file, so that a refused
+  write (an artifacts.WriteFailed naming `path`) keeps the figure there before."""
+  tmp = path.with_name(f'{path.name}.tmp')
+  try:
+    with artifacts.writing(path):
+      path.parent.mkdir(parents=True, exist_ok=True)
+      fig.tight_layout()
+      fig.savefig(tmp, format=path.suffix.lstrip('.') or 'png')
+      tmp.replace(path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      tmp.unlink(missing_ok=True)
+    raise
+  finally:
+    pyplot().close(fig)
   return path
 
 

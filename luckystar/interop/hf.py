@@ -22,6 +22,7 @@ from safetensors import safe_open
 
 from luckystar import distributed
 from luckystar import errors
+from luckystar import files
 from luckystar.interop import hf_tokenizer
 from luckystar.model.config import FULL, SLIDING, ModelConfig, pattern_layer_types
 from luckystar.quant import compressed
@@ -35,6 +36,8 @@ HF_DEFAULTS = {'logit_scale': 0.0625, 'sliding_window': 4096}
 _PACKED_SUFFIXES = ('weight_packed', 'weight_scale', 'weight_shape')  # compressed-tensors, per quantized Linear
 INDEX_FILE = 'model.safetensors.index.json'
 SAVE_DTYPES = ('float32', 'bfloat16', 'float16')
+MAX_JSON_BYTES = 64 << 20            # config.json (a few kB) and the index (~100 kB for the largest models)
+MAX_HEADER_BYTES = 100_000_000       # a safetensors header: the safetensors library's own limit
 
 # Sizes of HF tensor dimensions, by the config.json names that set them (the error for a shape that
 # disagrees with config.json names them).
@@ -105,25 +108,27 @@ class TensorHeader(NamedTuple):
   offset: int = -1
 
 
-def read_json_object(file: str | pathlib.Path) -> dict[str, Any]:
-  """The JSON object in `file` (config.json, the safetensors index); anything else is an InvalidFile naming it."""
+def read_json_object(file: str | pathlib.Path, max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:
+  """The JSON object in `file` (config.json, the safetensors index), read within `luckystar.files`' bounds (a
+  regular file of at most `max_bytes`, nested at most files.MAX_JSON_DEPTH deep); anything else is an
+  InvalidFile naming it."""
+  text = files.read_text(file, max_bytes, pathlib.Path(file).name)
+  if (depth := files.json_depth(text)) > files.MAX_JSON_DEPTH:
+    raise errors.InvalidFile(f'{file}: not valid JSON (nested {depth} levels deep, at most {files.MAX_JSON_DEPTH})')
   try:
-    value = json.loads(pathlib.Path(file).read_text())
-  except OSError as e:
-    raise errors.InvalidFile(f'{file}: cannot be read ({e.strerror})') from None
-  except json.JSONDecodeError as e:
+    value = json.loads(text)
+  except json.JSONDecodeError as e:   # worded as before files.loads existed: tests and users match on it
     raise errors.InvalidFile(f'{file}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})') from None
-  except UnicodeDecodeError:
-    raise errors.InvalidFile(f'{file}: not valid JSON (not UTF-8 text)') from None
   if not isinstance(value, dict):
     raise errors.InvalidFile(f'{file}: expected a JSON object, got a JSON {type(value).__name__}')
   return value
 
 
 def is_hf_dir(path: str | pathlib.Path) -> bool:
-  """Whether `path` has a config.json naming a model_type we read (one that is not a JSON object is an error)."""
+  """Whether `path` has a config.json naming a model_type we read (one that is not a JSON object, or not a
+  regular file, is an error)."""
   config = pathlib.Path(path) / 'config.json'
-  return config.is_file() and read_json_object(config).get('model_type') in MODEL_TYPES
+  return os.path.lexists(config) and read_json_object(config).get('model_type') in MODEL_TYPES
 
 
 def _check_fields(hf: dict[str, Any], path: str) -> None:
@@ -379,7 +384,7 @@ def _indexed_file(directory: pathlib.Path, name: str, index: pathlib.Path) -> pa
 def _read_header(file: pathlib.Path) -> dict[str, TensorHeader]:
   """The tensors a safetensors file's header lists (8-byte little-endian length, then JSON), checked against
   the file's size: a truncated or non-safetensors file is an InvalidFile here, before any data is read."""
-  size = file.stat().st_size
+  size = files.regular_file(file, 'safetensors file').stat().st_size   # opening a FIFO would block
   with open(file, 'rb') as f:
     length = int.from_bytes(f.read(8), 'little')
     if size < 8:
@@ -387,10 +392,11 @@ def _read_header(file: pathlib.Path) -> dict[str, TensorHeader]:
     if length > size - 8:
       raise errors.InvalidFile(f'{file}: not a safetensors file (its first 8 bytes give a header of {length} '
                                f'bytes, but the file has {size})')
-    try:
-      header = json.loads(f.read(length))
-    except ValueError:  # not UTF-8 or not JSON
-      raise errors.InvalidFile(f'{file}: not a safetensors file (its header is not JSON)') from None
+    if length > MAX_HEADER_BYTES:
+      raise errors.InvalidFile(f'{file}: not a safetensors file (its first 8 bytes give a header of {length:,} '
+                               f'bytes; safetensors allows at most {MAX_HEADER_BYTES:,})')
+    data = f.read(length)
+  header = files.loads(data, f'{file}: not a safetensors file; its header', check_text=False)
   if not isinstance(header, dict):
     raise errors.InvalidFile(f'{file}: not a safetensors file (its header is not a JSON object)')
   header.pop('__metadata__', None)
@@ -423,7 +429,7 @@ def read_headers(path: str | pathlib.Path) -> dict[str, TensorHeader]:
   path = pathlib.Path(path)
   index = path / INDEX_FILE
   weight_map = None
-  if index.is_file():
+  if os.path.lexists(index):
     weight_map = read_json_object(index).get('weight_map')
     if not (isinstance(weight_map, dict) and weight_map and all(isinstance(f, str) for f in weight_map.values())):
       raise errors.InvalidFile(f'{index}: "weight_map" must map each tensor name to a safetensors file in {path}, '
@@ -469,7 +475,7 @@ def read_config(path: str | pathlib.Path, **config_overrides: Any) -> tuple[Mode
   naming the file and what disagrees."""
   path = pathlib.Path(path)
   config_file = path / 'config.json'
-  if not config_file.is_file():
+  if not os.path.lexists(config_file):
     raise errors.MissingFile(f'{path}: no config.json; not a transformers model directory')
   hf_config, headers = read_json_object(config_file), read_headers(path)
   _check_fields(hf_config, str(config_file))

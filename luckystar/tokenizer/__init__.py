@@ -15,9 +15,11 @@ Retrain the bundled model (deterministic, ~1 min; the corpus is the task suites,
 import functools
 import hashlib
 import io
+import os
 import pathlib
 from typing import Iterable, Sequence
 
+from luckystar import files
 from luckystar.tokenizer import codecs
 from luckystar.tokenizer import formats
 from luckystar.tokenizer.formats import AssistantTurn, ChatFormat  # noqa: F401  (the public names)
@@ -69,7 +71,7 @@ class Tokenizer:
     path = pathlib.Path(path)
     if not path.is_file():
       raise FileNotFoundError(f'{path}: no tokenizer model; build it with `python -m luckystar.data.corpus`')
-    return cls.from_sentencepiece(path.read_bytes())
+    return cls.from_sentencepiece(files.read_bytes(path, codecs.MAX_SENTENCEPIECE_BYTES, 'sentencepiece model'))
 
   @property
   def vocab_size(self) -> int:
@@ -225,17 +227,20 @@ def from_dir(path: str | pathlib.Path, chat_format: str = 'auto') -> Tokenizer |
   """The tokenizer a model directory carries, None if it has none: our sentencepiece `tokenizer.model` (with
   our chat tokens) first, else a transformers `tokenizer.json` (+ `tokenizer_config.json`) in `chat_format`
   ('auto': detected from its special tokens). A tokenizer.json that lacks the format's tokens is a
-  ValueError naming them."""
+  ValueError naming them. A tokenizer file that is no regular file, is too large or is malformed is an
+  errors.InvalidFile naming it (one that is not there is skipped)."""
   path = pathlib.Path(path)
   model = path / 'tokenizer.model'
-  if model.is_file() and chat_format in ('auto', formats.LUCKYSTAR.name):
+  if os.path.lexists(model) and chat_format in ('auto', formats.LUCKYSTAR.name):
+    proto = files.read_bytes(model, codecs.MAX_SENTENCEPIECE_BYTES, 'sentencepiece model')
     try:
-      return Tokenizer.from_sentencepiece(model.read_bytes())
+      return Tokenizer.from_sentencepiece(proto)
     except (ValueError, RuntimeError):
       pass  # another model's sentencepiece file (e.g. Cohere's own): its tokenizer.json speaks for it
-  if (path / 'tokenizer.json').is_file():
+  if os.path.lexists(path / 'tokenizer.json'):
+    codec = codecs.Tokenizers.from_dir(path)   # its errors name the file
     try:
-      return Tokenizer(codecs.Tokenizers.from_dir(path), chat_format)
+      return Tokenizer(codec, chat_format)
     except ValueError as e:
       raise ValueError(f'{path}: {e}') from None
   return None   # no tokenizer, or only another model's sentencepiece file

@@ -5,13 +5,25 @@ tokenizer directory (`tokenizer.json` through the `tokenizers` library, special 
 Both encode plain text only: special-token strings a user types come out as ordinary text tokens, never
 as a turn boundary, and encoding adds no BOS/EOS (the chat format places them). Decoding drops special
 tokens.
+
+A checkpoint's tokenizer files come from a download: each is bounded in size and JSON depth and checked to be
+a JSON object before the `tokenizers` library sees it (`luckystar.files`), so a bad one is one InvalidFile
+naming it, not the library's bare `Exception`.
 """
 
 import json
+import os
 import pathlib
 from typing import Any, Iterable, Mapping
 
 import tokenizers
+
+from luckystar import errors
+from luckystar import files
+
+MAX_TOKENIZER_JSON_BYTES = 128 << 20    # ~4× the largest real one (Gemma 3's, 33 MB)
+MAX_TOKENIZER_CONFIG_BYTES = 16 << 20   # a chat template and an added-token table: real ones are under 1 MB
+MAX_SENTENCEPIECE_BYTES = 64 << 20      # tokenizer.model; real ones are a few MB
 
 
 class SentencePiece:
@@ -46,40 +58,71 @@ class SentencePiece:
     return {'tokenizer.model': self.model_proto}
 
 
-def _token_text(value: Any) -> str | None:
+def _token_text(config: Mapping[str, Any], key: str, source: str) -> str | None:
   """A special token in tokenizer_config.json: a string, or an AddedToken dict with its `content`."""
-  return value.get('content') if isinstance(value, dict) else value
+  value = config.get(key)
+  text = value.get('content') if isinstance(value, dict) else value
+  if text is not None and not isinstance(text, str):
+    raise errors.InvalidFile(f'{source}: {key}={json.dumps(value)[:60]} must be a string (or an object with a '
+                             f'"content" string)')
+  return text
+
+
+def _json_type(value: Any) -> str:
+  return {list: 'list', str: 'string', int: 'number', float: 'number', bool: 'boolean'}.get(type(value), 'null')
+
+
+def _object(value: Any, source: str) -> dict:
+  if not isinstance(value, dict):
+    raise errors.InvalidFile(f'{source}: expected a JSON object, got a JSON {_json_type(value)}')
+  return value
 
 
 class Tokenizers:
   """A transformers tokenizer: tokenizer.json (any `tokenizers` model) plus tokenizer_config.json's bos, eos
-  and pad tokens. Added special tokens in the text are encoded as text (`encode_special_tokens`)."""
+  and pad tokens. Added special tokens in the text are encoded as text (`encode_special_tokens`).
+
+  `source` and `config_source` (the files' paths) start the message of an InvalidFile about either."""
   backend = 'tokenizers'
 
-  def __init__(self, tokenizer_json: str, tokenizer_config: Mapping[str, Any]):
+  def __init__(self, tokenizer_json: str, tokenizer_config: Mapping[str, Any], *, source: str = 'tokenizer.json',
+               config_source: str = 'tokenizer_config.json'):
     self.tokenizer_json, self.config = tokenizer_json, dict(tokenizer_config)
-    self.hf = tokenizers.Tokenizer.from_str(tokenizer_json)
+    # Depth and shape first: the library's parser gives a bare Exception, or recurses, on what it cannot read.
+    # Its own parser refuses lone surrogates, so the strings are walked only when it fails (a second for a
+    # large vocabulary).
+    spec = _object(files.loads(tokenizer_json, source, check_text=False), source)
+    try:
+      self.hf = tokenizers.Tokenizer.from_str(tokenizer_json)
+    except Exception as e:  # the library raises a bare Exception for every fault
+      if (bad := files.unencodable(spec)) is not None:
+        raise errors.InvalidFile(f'{source}: a string is not valid Unicode (a lone surrogate): {ascii(bad[:40])}'
+                                 ) from None
+      reason = (str(e).splitlines() or [type(e).__name__])[0][:200]
+      raise errors.InvalidFile(f'{source}: the tokenizers library cannot read it: {reason}') from None
     self.hf.encode_special_tokens = True
     self.hf.no_padding()
     self.hf.no_truncation()
-    named = {key: _token_text(self.config.get(f'{key}_token')) for key in ('bos', 'eos', 'pad')}
+    named = {key: _token_text(self.config, f'{key}_token', config_source) for key in ('bos', 'eos', 'pad')}
     ids = {key: None if token is None else self.hf.token_to_id(token) for key, token in named.items()}
     if ids['bos'] is None or ids['eos'] is None:
-      raise ValueError(f'tokenizer_config.json names bos_token {named["bos"]!r} and eos_token {named["eos"]!r}; '
-                       f'both must be tokens of tokenizer.json')
+      raise errors.InvalidFile(f'{config_source}: names bos_token {named["bos"]!r} and eos_token {named["eos"]!r}; '
+                               f'both must be tokens of {source}')
     self.bos_id, self.eos_id = ids['bos'], ids['eos']
     self.pad_id = ids['pad'] if ids['pad'] is not None else ids['eos']   # padding is masked: any id does
+    # One past the largest id, not the count of pieces: ids may skip numbers, and the model must embed each one.
+    self.vocab_size = max(self.hf.get_vocab(with_added_tokens=True).values(), default=-1) + 1
 
   @classmethod
   def from_dir(cls, path: str | pathlib.Path) -> 'Tokenizers':
+    """tokenizer.json and, when present, tokenizer_config.json of a directory, each read within bounds."""
     path = pathlib.Path(path)
-    config_file = path / 'tokenizer_config.json'
-    config = json.loads(config_file.read_text(encoding='utf-8')) if config_file.is_file() else {}
-    if not isinstance(config, dict):
-      raise ValueError(f'{config_file}: expected a JSON object')
-    return cls((path / 'tokenizer.json').read_text(encoding='utf-8'), config)
-
-  vocab_size = property(lambda self: self.hf.get_vocab_size(with_added_tokens=True))
+    config_file, tokenizer_file = path / 'tokenizer_config.json', path / 'tokenizer.json'
+    config = {}
+    if os.path.lexists(config_file):   # a FIFO or a device is refused, not skipped
+      config = _object(files.read_json(config_file, MAX_TOKENIZER_CONFIG_BYTES, 'tokenizer config'), str(config_file))
+    text = files.read_text(tokenizer_file, MAX_TOKENIZER_JSON_BYTES, 'tokenizer file')
+    return cls(text, config, source=str(tokenizer_file), config_source=str(config_file))
 
   def token_id(self, token: str) -> int | None:
     return self.hf.token_to_id(token)

@@ -31,7 +31,7 @@ import dataclasses
 import functools
 import json
 import math
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import flax.struct
 import jax
@@ -52,16 +52,44 @@ PAD_ID = 0  # written after a row stops, and used to right-pad chunks (never att
 ToolFn = Callable[[int, str], 'str | None']
 
 
+class SamplingProgram(NamedTuple):
+  """What of `SamplingSettings` picks the compiled program: greedy (temperature 0), top_k's width (a power of
+  two at least top_k; 0: off) and whether top_p truncates."""
+  greedy: bool
+  top_k_width: int
+  nucleus: bool
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingSettings:
-  """temperature 0 = greedy; top_k 0 and top_p 1.0 mean off. Applied in that order, as transformers does."""
+  """temperature 0 = greedy; top_k 0 and top_p 1.0 mean off. Applied in that order, as transformers does.
+
+  A pytree whose leaves are the three values and whose static part is `program`: a jitted sampler traces the
+  values, so a new temperature, top_p or top_k (within its power-of-two width) reuses the compiled program,
+  and the ops for given values are those the Python constants gave (the same bits).
+  """
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0
 
   def __post_init__(self):
-    if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-      raise ValueError(f'bad sampling settings {self}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1')
+    if not (math.isfinite(self.temperature) and self.temperature >= 0 and self.top_k >= 0 and 0 < self.top_p <= 1):
+      raise ValueError(f'bad sampling settings {self}: need a finite temperature >= 0, top_k >= 0, 0 < top_p <= 1')
+    object.__setattr__(self, 'program', SamplingProgram(
+        greedy=self.temperature == 0, top_k_width=_power_of_two(self.top_k) if self.top_k else 0,
+        nucleus=self.top_p < 1.0))
+
+
+def _unflatten_settings(program: SamplingProgram, values: tuple) -> SamplingSettings:
+  settings = object.__new__(SamplingSettings)   # no __post_init__: the values may be tracers
+  for name, value in zip(('temperature', 'top_k', 'top_p'), values):
+    object.__setattr__(settings, name, value)
+  object.__setattr__(settings, 'program', program)
+  return settings
+
+
+jax.tree_util.register_pytree_node(
+    SamplingSettings, lambda s: ((s.temperature, s.top_k, s.top_p), s.program), _unflatten_settings)
 
 
 class Decoder(Protocol):
@@ -132,20 +160,23 @@ class SampleOutput:
   overlong: Array               # [B] bool: hit its token budget without a stop token
 
 
-def truncated_logits(scaled: Array, top_k: int, top_p: float) -> Array:
+def truncated_logits(scaled: Array, settings: SamplingSettings) -> Array:
   """scaled [B, V] with everything outside the top-k and then the top-p nucleus set to -inf.
 
   Ties at a threshold are all kept. The nucleus is the smallest head of the (top-k renormalised)
-  distribution whose mass reaches top_p; the most likely token is always kept.
+  distribution whose mass reaches top_p; the most likely token is always kept. top_k and top_p may be
+  traced; `settings.program` says which of the two apply.
   """
-  if top_k:
-    kth = jax.lax.top_k(scaled, min(top_k, scaled.shape[-1]))[0][:, -1:]
+  if width := settings.program.top_k_width:
+    # the k-th largest of the top `width` (>= k) values: the same value the top k alone end with
+    head = jax.lax.top_k(scaled, min(width, scaled.shape[-1]))[0]
+    kth = jax.lax.dynamic_index_in_dim(head, jnp.minimum(settings.top_k, head.shape[-1]) - 1, axis=-1)
     scaled = jnp.where(scaled >= kth, scaled, -jnp.inf)
-  if top_p < 1.0:
+  if settings.program.nucleus:
     descending = -jnp.sort(-scaled, axis=-1)
     probs = jax.nn.softmax(descending, axis=-1)
     mass_before = jnp.cumsum(probs, axis=-1) - probs
-    kept = jnp.sum(mass_before < top_p, axis=-1, keepdims=True)            # >= 1
+    kept = jnp.sum(mass_before < settings.top_p, axis=-1, keepdims=True)   # >= 1
     threshold = jnp.take_along_axis(descending, kept - 1, axis=-1)
     scaled = jnp.where(scaled >= threshold, scaled, -jnp.inf)
   return scaled
@@ -172,17 +203,18 @@ def row_keys(rng: Array, row_ids: Array, columns: Array) -> Array:
 def choose_tokens(logits: Array, keys: Array, settings: SamplingSettings) -> tuple[Array, Array, Array]:
   """logits [B, V] float32, keys [B] (`row_keys`) → (tokens [B], sampled-distribution log-probs [B],
   untruncated log-probs [B])."""
-  if settings.temperature == 0:
+  if settings.program.greedy:
     tokens = greedy_tokens(logits)
     untruncated = chosen_logprobs(logits, tokens)
     return tokens, jnp.zeros_like(untruncated), untruncated
-  scaled = logits / settings.temperature
-  truncated = truncated_logits(scaled, settings.top_k, settings.top_p)
+  # XLA turns a division by a constant into this product; written out, a traced temperature gives the same bits
+  scaled = logits * (1 / jnp.asarray(settings.temperature, logits.dtype))
+  truncated = truncated_logits(scaled, settings)
   # jax.random.categorical's Gumbel-max, its argmax taken as `greedy_tokens` does (same tokens, faster on CPU)
   noise = jax.vmap(lambda key: jax.random.gumbel(key, truncated.shape[1:], truncated.dtype))(keys)
   tokens = greedy_tokens(truncated + noise)
   untruncated = chosen_logprobs(scaled, tokens)
-  if settings.top_k == 0 and settings.top_p == 1.0:   # nothing truncated: one log-softmax serves both
+  if not settings.program.top_k_width and not settings.program.nucleus:   # nothing truncated: one log-softmax
     return tokens, untruncated, untruncated
   return tokens, chosen_logprobs(truncated, tokens), untruncated
 
@@ -194,7 +226,8 @@ def generate(decoder: Decoder, params: Any, state: Any, logits: Array | None, la
   first takes in last[b] (its last sampled token, not yet in `state`, whose logits then follow); logits
   None: every busy row continues.
 
-  budgets [B] int32 <= max_new_tokens, the most tokens row b may generate (0: none, the row is idle);
+  budgets [B] int32, the most tokens row b may generate (0: none, the row is idle); a row whose budget exceeds
+  max_new_tokens is still running when the loop ends after max_new_tokens steps (a chunk of a longer decode);
   stop_ids [S] int32 (-1 never matches); row_ids [B] and offsets [B] int32: row b's global id and the
   continuation column its first new token takes (what its draws are keyed by). Ends when every row has
   stopped, or once `exit_after` rows have stopped (the caller then has slots to refill). A row's last
@@ -250,7 +283,7 @@ def generate(decoder: Decoder, params: Any, state: Any, logits: Array | None, la
   return out, carry['state']
 
 
-@functools.partial(jax.jit, static_argnames=('decoder', 'max_new_tokens', 'settings'))
+@functools.partial(jax.jit, static_argnames=('decoder', 'max_new_tokens'))
 def sample_padded(decoder: Decoder, params: Any, tokens: Array, lengths: Array, budgets: Array, stop_ids: Array,
                   rng: Array, row_ids: Array, offsets: Array, *, max_new_tokens: int,
                   settings: SamplingSettings) -> SampleOutput:
@@ -287,7 +320,7 @@ def _admit(decoder: Decoder, params: Any, state: Any, tokens: Array, lengths: Ar
   return logits.at[targets].set(chunk_logits[picks], mode='drop'), state
 
 
-_generate = jax.jit(generate, static_argnames=('decoder', 'max_new_tokens', 'settings'), donate_argnames=('state',))
+_generate = jax.jit(generate, static_argnames=('decoder', 'max_new_tokens'), donate_argnames=('state',))
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -416,7 +449,8 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
             prompts: Sequence[Sequence[int]], *, rng: Array, max_new_tokens: int, tool_fn: ToolFn | None = None,
             max_tool_turns: int = 4, max_tool_result_tokens: int = 512, temperature: float = 1.0, top_k: int = 0,
             top_p: float = 1.0, length_multiple: int = 64, row_ids: Sequence[int] | None = None,
-            slots: int | None = None, progress: Callable[[int], Any] | None = None) -> list[Rollout]:
+            slots: int | None = None, progress: Callable[[int], Any] | None = None, decode_chunk: int | None = None,
+            check: Callable[[], Any] | None = None) -> list[Rollout]:
   """Generates each prompt's continuation, running tools between turns.
 
   prompts: rendered with add_generation_prompt=True. A row that stops at END_ACTION gets
@@ -437,6 +471,11 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
   a row samples the same tokens whatever slot, batch or round it runs in. progress: called with the number
   of rows that ended, each time some have (a progress bar's update).
 
+  decode_chunk (a server): the decode loop returns to the host every decode_chunk tokens, and the cache and
+  appended chunks are powers of two long, so that any budget and prompt length reuse one of a few programs;
+  the tokens are the same draws. check: called before each decode call; an exception it raises ends the
+  rollout (a server's client that hung up).
+
   Several processes (params sharded over all of them): each calls this with the same prompts and runs the
   same host loop, so all make the same admissions and exits and call the same programs; the decode outputs
   are gathered to every process, and `tool_fn(i, ...)` runs only on row i's owner (`distributed.run_owned`),
@@ -453,8 +492,13 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
   if ids.shape != (len(rows),):
     raise ValueError(f'row_ids must hold {len(rows)} ints, one per prompt, got shape {ids.shape}')
   count = _round_up(_power_of_two(min(slots or len(rows), len(rows))), _batch_devices())
-  width = _bucket(max_new_tokens, length_multiple)
-  state = _init_state(decoder, batch=count, max_length=_bucket(max(map(len, prompts)) + width, length_multiple))
+  if decode_chunk:
+    width = decode_chunk
+    cache = _power_of_two(max(max(map(len, prompts)) + max_new_tokens, length_multiple))
+  else:
+    width = _bucket(max_new_tokens, length_multiple)
+    cache = _bucket(max(map(len, prompts)) + width, length_multiple)
+  state = _init_state(decoder, batch=count, max_length=cache)
   stops = _stop_array(tokenizer.stop_ids)
   occupant: list[int | None] = [None] * count   # the row each slot runs
   feed: list[list[int]] = [[] for _ in range(count)]   # what a slot appends before it decodes again
@@ -468,9 +512,11 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
     busy = [slot for slot in range(count) if occupant[slot] is not None]
     if not busy:
       break
+    if check is not None:
+      check()
     continuing = np.array([bool(occupant[s] is not None and not fresh[s] and len(feed[s]) == 1)
                            for s in range(count)])
-    logits = _admit_chunks(decoder, params, state, feed, fresh, continuing, length_multiple)
+    logits = _admit_chunks(decoder, params, state, feed, fresh, continuing, length_multiple, bool(decode_chunk))
     if logits is not None:
       logits, state = logits
     per_slot = lambda f: np.array([f(rows[occupant[s]]) if occupant[s] is not None else 0 for s in range(count)],
@@ -499,11 +545,13 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
 
 
 def _admit_chunks(decoder: Decoder, params: Any, state: Any, feed: list[list[int]], fresh: np.ndarray,
-                  continuing: np.ndarray, length_multiple: int) -> tuple[Array, Any] | None:
+                  continuing: np.ndarray, length_multiple: int, powers_of_two: bool = False
+                  ) -> tuple[Array, Any] | None:
   """Runs `_admit` on the slots whose feed is more than a continuing row's last token: new prompts (identical
   ones prefilled once) and spliced tool turns. Sizes are bucketed (rows to a power of two, widths to a power
-  of two up to length_multiple, then its multiples) so that a run reuses a few programs. With the rows split
-  over devices, `_admit_in_place` instead. None: nothing to admit."""
+  of two up to length_multiple, then its multiples, or always a power of two) so that a run reuses a few
+  programs. With the rows split over devices, `_admit_in_place` instead. None: nothing to admit."""
+  chunk_width = _power_of_two if powers_of_two else lambda width: _chunk_width(width, length_multiple)
   chunks, sources, fresh_chunks, targets, picks, shared = [], [], [], [], [], {}
   for slot, tokens in enumerate(feed):
     if not tokens or continuing[slot]:
@@ -524,13 +572,13 @@ def _admit_chunks(decoder: Decoder, params: Any, state: Any, feed: list[list[int
   if _batch_devices() > 1:
     # Rows split over devices: gathering a few of them (`_admit`'s take/put) would make XLA copy the whole
     # cache onto every device, so every slot takes its chunk in place (a shared prompt prefilled per sample).
-    width = _chunk_width(max(map(len, chunks)), length_multiple)
+    width = chunk_width(max(map(len, chunks)))
     tokens, lengths = np.full((slots, width), PAD_ID, np.int32), np.zeros(slots, np.int32)
     for slot, pick in zip(targets, picks):
       tokens[slot, :len(chunks[pick])], lengths[slot] = chunks[pick], len(chunks[pick])
     return _admit_in_place(decoder, params, state, tokens, lengths, np.asarray(fresh, bool))
   tokens, lengths = right_pad(chunks)
-  rows, width = _power_of_two(len(chunks)), _chunk_width(tokens.shape[1], length_multiple)
+  rows, width = _power_of_two(len(chunks)), chunk_width(tokens.shape[1])
   tokens = np.pad(tokens, ((0, rows - len(chunks)), (0, width - tokens.shape[1])), constant_values=PAD_ID)
   pad = lambda values, size, fill: np.array(list(values) + [fill] * (size - len(values)), np.int32)
   destinations = _power_of_two(len(targets))

@@ -5,7 +5,7 @@ it prints when ready (no sleeps, no polling), stopped on demand.
       ...
     server = start_server('tiny-sft', '--tools')      # a handle, to stop at a chosen moment
     try:
-      ...server.base_url...
+      ...server.base_url...server.rss_bytes()...
       server.stop()
     finally:
       server.stop()                                  # stopping twice is fine
@@ -46,6 +46,12 @@ class ServerProcess:
         self.process.kill()
         self.process.wait()
     return self.process.returncode
+
+  def rss_bytes(self) -> int:
+    """The server process's resident memory now (VmRSS of /proc/PID/status; Linux)."""
+    with open(f'/proc/{self.process.pid}/status') as status:
+      kb = next(line.split()[1] for line in status if line.startswith('VmRSS:'))
+    return int(kb) * 1024
 
   def __enter__(self) -> 'ServerProcess':
     return self

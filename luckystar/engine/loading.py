@@ -2,9 +2,10 @@
 directories (float or int4). `luckystar.load` (the api facade) is `load` here."""
 
 import dataclasses
+import functools
 import os
 import pathlib
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,14 @@ BUNDLED_DIR = pathlib.Path(__file__).parents[1] / 'assets' / 'models'
 BUNDLED_MODELS = ('tiny-base', 'tiny-sft', 'tiny-rlvr', 'tiny-teacher')
 
 _logits = jax.jit(model_lib.apply, static_argnums=0)
+_SCORED_LOGITS = 1 << 27   # the most logits one `reply_logprobs` forward pass holds (512 MiB of float32)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _next_token_logprobs(config: model_lib.ModelConfig, params: Any, token_ids: jax.Array) -> jax.Array:
+  """token_ids [B, T] → log P(token_ids[:, t + 1] | the tokens up to t) [B, T - 1] float32."""
+  logits = model_lib.apply(config, params, token_ids)[:, :-1]
+  return jnp.take_along_axis(logits, token_ids[:, 1:, None], axis=-1)[..., 0] - jax.nn.logsumexp(logits, -1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,15 +91,17 @@ class Model:
 
   def chat(self, conversations: Sequence[dict] | Sequence[Sequence[dict]], mode: str = 'reasoning', *,
            max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-           tools: Tools = None, max_tool_turns: int = 4, max_tool_result_tokens: int = 512
+           tools: Tools = None, max_tool_turns: int = 4, max_tool_result_tokens: int = 512,
+           decode_chunk: int | None = None, check: Callable[[], Any] | None = None
            ) -> 'Generation | list[Generation]':
     """The assistant's next turn after whole conversations: one conversation (a list of message dicts as
     `Tokenizer.render` reads them: system / user / assistant / tool, assistant turns with `thinking` /
     `action` / `response`) gives one Generation, a list of conversations a list, sampled together.
 
     mode picks the system preamble (a system message's content follows it); the other arguments are
-    `generate`'s. A malformed conversation (an unknown role, a system message after the first) is a
-    ValueError before any sampling.
+    `generate`'s, and decode_chunk and check `sampling.rollout`'s (a server: a few programs for any budget, and
+    a way to stop a reply nobody waits for). A malformed conversation (an unknown role, a system message after
+    the first) is a ValueError before any sampling.
     """
     tokenizer = self._chat_tokenizer()
     single = bool(conversations) and isinstance(conversations[0], Mapping)
@@ -99,7 +110,8 @@ class Model:
     rollouts = sampling.rollout(
         self.config, self.params, tokenizer, rendered, rng=jax.random.key(seed), max_new_tokens=max_new_tokens,
         tool_fn=_tool_fn(tools, len(rendered)), max_tool_turns=max_tool_turns,
-        max_tool_result_tokens=max_tool_result_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+        max_tool_result_tokens=max_tool_result_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+        decode_chunk=decode_chunk, check=check)
     generations = [self._generation(r) for r in rollouts]
     return generations[0] if single else generations
 
@@ -111,20 +123,27 @@ class Model:
 
     The end tokens make a reply that is a prefix of another ("YES" and "YESTERDAY") its own choice, and the
     section and turn markers every reply shares cancel between replies, so argmax picks among them
-    whatever the mode: a constrained choice (`luckystar.serve`'s guided_choice) without sampling.
+    whatever the mode: a constrained choice (`luckystar.serve`'s guided_choice) without sampling. A reply that
+    with the messages does not fit the model's context is a ValueError.
     """
     tokenizer = self._chat_tokenizer()
     if not replies:
       raise ValueError('replies is empty; give at least one reply to score')
     rendered = [tokenizer.render([*messages, {'role': 'assistant', 'response': reply}], mode) for reply in replies]
-    # Right padding never reaches the real tokens (attention is causal); rounded shapes reuse one program.
-    rows, length = 1 << (len(rendered) - 1).bit_length(), -(-max(len(ids) for ids, _ in rendered) // 64) * 64
-    token_ids, scored = np.zeros((rows, length), np.int32), np.zeros((rows, length), bool)
+    context = self.config.max_position_embeddings
+    if (longest := max(len(ids) for ids, _ in rendered)) > context:
+      raise ValueError(f'a reply with the messages takes {longest} tokens, more than the context of {context}')
+    # Right padding never reaches the real tokens (attention is causal); shapes rounded to powers of two reuse a
+    # few programs, and a forward pass holds at most _SCORED_LOGITS logits (many long replies: several passes).
+    length = max(64, 1 << (longest - 1).bit_length())
+    fitting = max(_SCORED_LOGITS // (length * self.config.vocab_size), 1)   # rows per pass, rounded down below
+    rows = min(1 << (len(rendered) - 1).bit_length(), 1 << fitting.bit_length() - 1)
+    token_ids = np.zeros((-(-len(rendered) // rows) * rows, length), np.int32)
+    scored = np.zeros(token_ids.shape, bool)
     for row, (ids, mask) in enumerate(rendered):
       token_ids[row, :len(ids)], scored[row, :len(mask)] = ids, mask
-    logits = self.logits(token_ids)[:, :-1]                                         # [rows, length - 1, V]
-    chosen = jnp.take_along_axis(logits, token_ids[:, 1:, None], axis=-1)[..., 0] - jax.nn.logsumexp(logits, -1)
-    chosen = np.asarray(chosen, np.float64)
+    chosen = np.concatenate([np.asarray(_next_token_logprobs(self.config, self.params, token_ids[start:start + rows]),
+                                        np.float64) for start in range(0, len(token_ids), rows)])
     return np.where(scored[:, 1:], chosen, 0.0).sum(axis=1)[:len(replies)]
 
   def quantize(self, *, group_size: int = 128, scale_dtype: str = 'bfloat16', bits: int = 4) -> 'Model':
@@ -198,12 +217,27 @@ def _tool_fn(tools: Tools, num_prompts: int) -> sampling.ToolFn:
   return sampling.agent_tools(paths)
 
 
-def _dir_tokenizer(path: pathlib.Path, chat_format: str) -> tokenizer_lib.Tokenizer | None:
-  """The tokenizer a transformers directory carries (`tokenizer.from_dir`), None if it has none."""
+def _dir_tokenizer(path: pathlib.Path, chat_format: str, config: model_lib.ModelConfig
+                   ) -> tokenizer_lib.Tokenizer | None:
+  """The tokenizer a transformers directory carries (`tokenizer.from_dir`), None if it has none; checked to
+  make only ids that `config` embeds."""
   try:
-    return tokenizer_lib.from_dir(path, chat_format)
+    tokenizer = tokenizer_lib.from_dir(path, chat_format)
   except (ValueError, OSError) as e:   # names the directory and what its tokenizer lacks
     raise errors.InvalidFile(str(e) if str(path) in str(e) else f'{path}: {e}') from None
+  _check_vocab(tokenizer, path, config, f'{path / "config.json"} gives')
+  return tokenizer
+
+
+def _check_vocab(tokenizer: tokenizer_lib.Tokenizer | None, directory: pathlib.Path, config: model_lib.ModelConfig,
+                 gives: str) -> None:
+  """An InvalidFile naming the tokenizer file in `directory` when it makes ids the model has no embedding for
+  (a tokenizer of another model): they would index past the embedding, silently, on an accelerator."""
+  if tokenizer is None or tokenizer.vocab_size <= config.vocab_size:
+    return
+  file = directory / ('tokenizer.model' if tokenizer.codec.backend == 'sentencepiece' else 'tokenizer.json')
+  raise errors.InvalidFile(f'{file}: the tokenizer makes ids up to {tokenizer.vocab_size - 1}, but {gives} '
+                           f'vocab_size={config.vocab_size}; it is the tokenizer of another model')
 
 
 def _model_type_note(path: pathlib.Path) -> str:
@@ -231,7 +265,7 @@ def open_hf(name_or_path: str | pathlib.Path, chat_format: str = 'auto', **confi
   if checkpoint.is_run_dir(path) or not hf.is_hf_dir(path):
     return None
   config, headers = hf.read_config(path, **config_overrides)
-  return None if quant.is_served(config) else (config, headers, _dir_tokenizer(path, chat_format))
+  return None if quant.is_served(config) else (config, headers, _dir_tokenizer(path, chat_format, config))
 
 
 def load(name_or_path: str | pathlib.Path, chat_format: str = 'auto', **config_overrides: Any) -> Model:
@@ -253,9 +287,11 @@ def load(name_or_path: str | pathlib.Path, chat_format: str = 'auto', **config_o
   if checkpoint.is_run_dir(path):
     config, params = checkpoint.load_params(path)
     config, tokenizer = config.replace(**config_overrides), checkpoint.load_tokenizer(path, chat_format)
+    _check_vocab(tokenizer, checkpoint.tokenizer_dir(path), config, f'the checkpoint in {path} has')
     source_dtype = config.param_dtype
   elif hf.is_hf_dir(path):
-    (config, params), tokenizer = hf.load_hf(path, **config_overrides), _dir_tokenizer(path, chat_format)
+    config, params = hf.load_hf(path, **config_overrides)
+    tokenizer = _dir_tokenizer(path, chat_format, config)
     source_dtype = hf.read_headers(path)[hf.EMBEDDING].dtype
   else:
     raise errors.InvalidFile(f'{path}: not a model directory luckystar can read (expected a transformers '

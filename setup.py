@@ -1,7 +1,8 @@
 """luckystar: the LuckyStar 111B recipe in one small JAX codebase.
 
-Install (CPU torch wheel first, so pip never pulls a CUDA build):
-    pip install torch==2.13.0 && pip install -e ".[test,torch,serve]"
+Install (the CPU torch wheel first, so pip never pulls a CUDA build; README.md has the full steps):
+    pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+    pip install -e ".[test,torch,serve,tensorboard]"
 """
 
 import setuptools
@@ -49,5 +50,7 @@ setuptools.setup(
         # The same-run peer of experiments/benchmarks/rloo_step.py (TRL's RLOOTrainer), pinned so that
         # measurements compare against one release.
         'bench': ['trl==1.16.0'],
+        # `tensorboard --logdir=DIR`, the curves every run's summary points to (the events are tensorboardX's).
+        'tensorboard': ['tensorboard>=2.18'],
     },
 )

@@ -1,4 +1,4 @@
-"""Offline DPO for conciseness and language on the bundled tiny policy (DESIGN §5, paper §2.5).
+"""Offline DPO for conciseness and language on the bundled tiny policy (docs/dpo.md, paper §2.5).
 
     python -m luckystar.main --config=configs/dpo.py --workdir=/tmp/luckystar-dpo
     python -m luckystar.main --config=configs/dpo.py:smoke --workdir=/tmp/luckystar-dpo-smoke
@@ -25,7 +25,8 @@ relearning the lookup in the new format takes the long schedule (experiments/swe
 Math is not among the pair tasks: the policy cannot do arithmetic without thinking, so a direct math
 answer is a number it would have to guess, and pairs teaching that guess cost reasoning-mode math.
 
-Starts from `tiny-rlvr` (DESIGN §7; --config.init_from takes any policy, e.g. an RLVR run directory).
+Starts from `tiny-rlvr`, the post-RL policy (docs/dpo.md; --config.init_from takes any policy, e.g. an RLVR
+run directory).
 `python experiments/dpo_conciseness.py` runs it and writes experiments/dpo_conciseness.md.
 Expected on 2 CPU cores: ~32 min; concise Korean MC / chat replies ~31% shorter, reasoning mode within 2 points.
 
@@ -42,7 +43,7 @@ from luckystar import config as config_lib
 
 def get_config(arg=None):
   config = config_lib.base('dpo')
-  config.init_from = 'tiny-rlvr'         # the post-RL policy (DESIGN §7)
+  config.init_from = 'tiny-rlvr'         # the post-RL policy (docs/dpo.md)
   config.total_steps = 600               # ≈ 6 epochs of pairs and anchors at batch 8: the MC lookup needs them
   config.batch_size = 8                  # pairs per step (all processes)
   config.learning_rate = 1e-4            # low: a tenth of SFT's 1e-3; 1e-5 moves no greedy reply

@@ -1,4 +1,4 @@
-"""Evaluate one model on every suite, in both modes (DESIGN §8 `eval` stage).
+"""Evaluate one model on every suite, in both modes (the `eval` stage, docs/evaluation.md).
 
     python -m luckystar.main --config=configs/eval.py --workdir=/tmp/luckystar-eval
     python -m luckystar.main --config=configs/eval.py --workdir=/tmp/eval-base --config.init_from=tiny-base

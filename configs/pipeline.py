@@ -1,5 +1,5 @@
 """The paper in miniature, one command: teacher → rejection sampling → hybrid SFT → RLVR → DPO → int4
-export → eval, with the ablations behind the paper's findings (DESIGN §5–§7).
+export → eval, with the ablations behind the paper's findings (docs/reproduction.md).
 
     python -m luckystar.main --config=configs/pipeline.py --workdir=/tmp/luckystar-paper
     python -m luckystar.main --config=configs/pipeline.py:smoke --workdir=/tmp/luckystar-paper-smoke

@@ -1,4 +1,4 @@
-"""AQT int4 weight-only quantization of `tiny-sft` and its compressed-tensors export (DESIGN §6).
+"""AQT int4 weight-only quantization of `tiny-sft` and its compressed-tensors export (docs/int4_and_export.md).
 
     python -m luckystar.main --config=configs/quantize.py --workdir=/tmp/luckystar-quantize
     python -m luckystar.main --config=configs/quantize.py:per_channel --workdir=/tmp/luckystar-quantize-pc

@@ -1,4 +1,4 @@
-"""Rejection sampling from the teacher: the cold-start SFT data (DESIGN §5, paper §2.3).
+"""Rejection sampling from the teacher: the cold-start SFT data (docs/rl.md, paper §2.3).
 
     python -m luckystar.main --config=configs/sft.py:teacher --workdir=/tmp/luckystar-teacher   # the teacher first
     python -m luckystar.main --config=configs/rejection_sampling.py --workdir=/tmp/luckystar-rs

@@ -1,4 +1,4 @@
-"""RLVR with RLOO on the bundled tiny policy — the main job (DESIGN §5, paper §2.4).
+"""RLVR with RLOO on the bundled tiny policy — the main job (docs/rl.md, paper §2.4).
 
     python -m luckystar.main --config=configs/rlvr.py --workdir=/tmp/luckystar-rlvr
     python -m luckystar.main --config=configs/rlvr.py:smoke --workdir=/tmp/luckystar-rlvr-smoke
@@ -72,7 +72,7 @@ def get_config(arg=None):
     config.sampling.max_new_tokens = 64
     config.rlvr.sources = 'bundled:chat'   # prompts whose 4 samples disagree: rewards vary, updates are not zero
     config.rlvr.samples_per_prompt = 4
-    config.rlvr.selection_prompts = ml_collections.ConfigDict(dict(chat=16))
+    config.rlvr.selection_prompts = ml_collections.ConfigDict(dict(chat=16, math=16))   # math: for your math_jsonl
     config.rlvr.selection_samples = 4
     config.rlvr.select_pass_rate = (0.25, 0.75)
     config.rlvr.eval_prompts = 8

@@ -1,4 +1,4 @@
-"""Hybrid SFT of the bundled `tiny-base` into `tiny-sft` (DESIGN §5, paper §2.2).
+"""Hybrid SFT of the bundled `tiny-base` into `tiny-sft` (docs/training.md, paper §2.2).
 
     python -m luckystar.main --config=configs/sft.py --workdir=/tmp/luckystar-sft
     python -m luckystar.main --config=configs/sft.py:smoke --workdir=/tmp/luckystar-sft-smoke
@@ -54,7 +54,7 @@ def get_config(arg=None):
     config.sft.sources = 'bundled:base'   # chat 0.35, korean_mc 0.45, math 0.1, text 0.1
     config.sft.eval_examples_per_source = 32
     config.sft.task_eval.per_task_language = 0   # the bundling script evaluates the result
-  elif arg == 'teacher':  # the rejection-sampling teacher (DESIGN §5): tiny-base on the teacher's data only
+  elif arg == 'teacher':  # the rejection-sampling teacher (docs/rl.md): tiny-base on the teacher's data only
     # The teacher split plus `nl2sql.teacher_suite` (32 mixed-wording and 16 training-wording databases per
     # domain): ~4000 reasoning and ~960 concise conversations. Every layer sees the whole 512-token row: a query
     # names tables and columns from the schema and values from the question, 60-250 tokens back, beyond

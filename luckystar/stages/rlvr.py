@@ -233,15 +233,25 @@ def selection_candidates(pool: Sequence[Example], selection_prompts: int | Mappi
                          ) -> list[Example]:
   """The seeded sample of the pool that prompt selection measures, in pool order: `selection_prompts`
   prompts of the whole pool, or, when it maps task → count, that many of each task (a task whose
-  pass rates are rarely in range costs rollouts and keeps few prompts, so the budget is set per task)."""
+  pass rates are rarely in range costs rollouts and keeps few prompts, so the budget is set per task).
+  A task of the dict that the pool lacks is skipped (one log line): one dict serves any choice of sources."""
   rng = np.random.default_rng([seed, 17])
   if not hasattr(selection_prompts, 'items'):
     return [pool[i] for i in sorted(rng.permutation(len(pool))[:selection_prompts])]
-  if unknown := set(selection_prompts) - {e.task for e in pool}:
-    raise errors.UserError(f'config.rlvr.selection_prompts names tasks {sorted(unknown)} that no source of '
-                           f'config.rlvr.sources has (or none of whose prompts fits max_prompt_tokens)')
+  present = {e.task for e in pool}
+  if not present & set(selection_prompts):
+    raise errors.UserError(
+        f'config.rlvr.selection_prompts names tasks {sorted(selection_prompts)}, but the prompts of '
+        f'config.rlvr.sources (those that fit max_prompt_tokens) are of tasks {sorted(present)} only; give one of '
+        f'them a count in the config file\'s selection_prompts (task → candidates, docs/data.md)')
+  if absent := sorted(set(selection_prompts) - present):
+    measured = {task: count for task, count in sorted(selection_prompts.items()) if task in present}
+    logging.info('prompt selection: config.rlvr.selection_prompts names tasks %s that config.rlvr.sources does '
+                 'not have; measuring %s', absent, measured)
   chosen = []
   for task, count in sorted(selection_prompts.items()):
+    if task not in present:
+      continue
     members = [i for i, e in enumerate(pool) if e.task == task]
     chosen += [members[j] for j in rng.permutation(len(members))[:count]]
   return [pool[i] for i in sorted(chosen)]
@@ -260,7 +270,7 @@ def pass_rates(config, model_config: model.ModelConfig, params: Any, tokenizer: 
 def select_prompts(config, workdir: pathlib.Path, model_config: model.ModelConfig, params: Any,
                    tokenizer: Tokenizer, pool: Sequence[Example], judge=None) -> list[Example]:
   """Prompts whose pass rate under the starting policy lies in `config.rlvr.select_pass_rate`
-  (DESIGN §5: [1/8, 7/8] at k = 8), measured once on a seeded sample of the pool
+  ([1/8, 7/8] at k = 8, docs/rl.md), measured once on a seeded sample of the pool
   (`selection_candidates`) and kept in `workdir/prompt_selection.json`."""
   settings = config.rlvr
   by_id = {e.id: e for e in pool}
@@ -361,9 +371,31 @@ def reserve_eval(config, tokenizer: Tokenizer, pool: Sequence[Example]
   (task, language) mix (`eval_examples`), and every pool prompt that shares a gold answer with it leaves the
   pool; prompt selection can then measure all the rest (drawn after selection, the eval set would take prompts
   selection could have measured)."""
-  heldout = eval_examples(pool, eval_pool(config, tokenizer, pool), config.rlvr.eval_prompts, config.seed)
+  candidates = eval_pool(config, tokenizer, pool)
+  count = eval_size(config, config.rlvr.eval_prompts, pool, candidates)
+  heldout = eval_examples(pool, candidates, count, config.seed)
   taken = {(e.task, e.answer) for e in heldout}
   return heldout, [e for e in pool if (e.task, e.answer) not in taken]
+
+
+def eval_size(config, count: int, rl_prompts: Sequence[Example], heldout: Sequence[Example]) -> int:
+  """`count` held-out prompts, or as many as `heldout` holds of `rl_prompts`' (task, language) groups when that
+  is fewer (one log line; none is a config error). `run` asks before prompt selection with the whole RL pool,
+  so that a short eval source costs no rollouts, and again with the selected prompts (`eval_examples`)."""
+  groups = {(e.task, e.language) for e in rl_prompts}
+  available = sum((e.task, e.language) in groups for e in heldout)
+  if check_eval_split(config) == 'train':
+    where = "eval_split='train' (the bundled train questions no RS prompt shares)"
+  else:
+    where = f'config.rlvr.eval_sources={config.rlvr.eval_sources!r}' if config.rlvr.get('eval_sources') else \
+        'the held-out split of the bundled suites'
+  if not available:
+    raise errors.UserError(f'config.rlvr.eval_prompts: {where} has no prompt of the RL prompts\' tasks and languages '
+                           f'{sorted(groups)}; name eval sources of those tasks in config.rlvr.eval_sources')
+  if available < count:
+    logging.warning('config.rlvr.eval_prompts: %d held-out prompts wanted, but %s has %d of the RL prompts\' '
+                    'tasks and languages: evaluating on those %d', count, where, available, available)
+  return min(count, available)
 
 
 def eval_examples(selected: Sequence[Example], heldout: Sequence[Example], count: int, seed: int) -> list[Example]:
@@ -405,11 +437,15 @@ def run(config, workdir: str) -> None:
   heldout = None
   if settings.eval_split == 'train':
     heldout, pool = reserve_eval(config, tokenizer, pool)
+  else:  # the eval sources are read, and eval_prompts capped at what they hold, before any rollout
+    candidates = eval_pool(config, tokenizer, pool)
+    eval_count = eval_size(config, settings.eval_prompts, pool, candidates)
   with sharding.activate(mesh):  # rollouts and their KV cache split over the mesh's batch devices
     selected = select_prompts(config, workdir, model_config, state.params, tokenizer, pool, judge)
   judging.save(judge, workdir)
   if heldout is None:  # the held-out split: the RL prompts' (task, language) mix
-    heldout = eval_examples(selected, eval_pool(config, tokenizer, pool), settings.eval_prompts, config.seed)
+    eval_count = eval_size(config, eval_count, selected, candidates)   # selection may have kept fewer groups
+    heldout = eval_examples(selected, candidates, eval_count, config.seed)
   artifacts.write_data_report(workdir, reports, train=[e.prompt for e in pool], evaluated=[e.prompt for e in heldout])
   greedy_settings = eval_settings(config)
 

@@ -1,4 +1,4 @@
-"""Builds the bundled models (DESIGN §7) from the repo's own configs and seeds, and their README table.
+"""Builds the bundled models (docs/data.md) from the repo's own configs and seeds, and their README table.
 
     python experiments/bundled_models.py tiny-base     # ≈ 60 min on 2 CPU cores
     python experiments/bundled_models.py tiny-sft      # from the shipped tiny-base; ≈ 30 min
@@ -38,7 +38,7 @@ RECIPES = {'tiny-base': 'configs/sft.py:base', 'tiny-sft': 'configs/sft.py', 'ti
            'tiny-teacher': 'configs/sft.py:teacher'}
 # ≥ 100 held-out prompts per language across the tasks that answer in text (acceptance of the SFT issue).
 EVAL = evals.Settings(per_task_language=100, max_new_tokens=192, batch_size=64)
-# Shipped in int4 (compressed-tensors W4A16, this group size): a fourth bf16 model would pass DESIGN's
+# Shipped in int4 (compressed-tensors W4A16, this group size): a fourth bf16 model would pass the project's
 # ≲ 40 MB budget for shipped files. Its held-out results below are measured on the int4 weights.
 INT4_GROUP_SIZE = {'tiny-teacher': 64}
 CHANCE = {'korean_mc': '10% (1 of 10)', 'chat': '≈ 0 (free-form)', 'math': '≈ 0', 'nl2sql': '≈ 0',

@@ -108,7 +108,7 @@ def cold_start_stages() -> dict[str, ml_collections.ConfigDict]:
                    sft__task_eval__per_task_language=0,
                    sft__sources='bundled:conversations/reasoning@0.35,bundled:conversations/concise@0.1,'
                                 'rs_traces:@rejection_sampling/rs_traces.jsonl@0.35,bundled:copy_schema@0.2'),
-      # RLOO from the SFT with DESIGN §5's prompt selection ([1/8, 7/8] at k = 8): without it, 98% of its groups
+      # RLOO from the SFT with docs/rl.md's prompt selection ([1/8, 7/8] at k = 8): without it, 98% of its groups
       # had zero variance and one lucky group in 16 steps was all the signal it got (the 4.2% → 0.0% run in
       # experiments/cold_start.md). The held-out set is reserved first (`rloo.reserve_eval`), and selection
       # measures every prompt left (216; 512 is "all"): 31 kept, where 128 candidates measured beside the

@@ -1,4 +1,4 @@
-"""The notebook-facing surface (DESIGN §8): `luckystar.load(...)` → `Model`."""
+"""The notebook-facing surface (docs/models.md): `luckystar.load(...)` → `Model`."""
 
 from luckystar.engine.loading import BUNDLED_DIR, BUNDLED_MODELS, Generation, Model, load
 

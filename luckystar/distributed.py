@@ -1,4 +1,4 @@
-"""Multi-process runs (DESIGN §3): `jax.distributed.initialize()` when the config or the launcher asks.
+"""Multi-process runs (docs/scale_out.md): `jax.distributed.initialize()` when the config or the launcher asks.
 
 Every process runs the same `python -m luckystar.main ...` command; after initialisation
 `jax.devices()` spans all of them, the mesh (`config.mesh`) is laid over every device, each

@@ -16,7 +16,7 @@ SPECIAL_TOKENS = (
     '<|START_THINKING|>', '<|END_THINKING|>', '<|START_ACTION|>', '<|END_ACTION|>',
     '<|START_RESPONSE|>', '<|END_RESPONSE|>', '<|START_TOOL_RESULT|>', '<|END_TOOL_RESULT|>')
 
-# The checkpoint's own template, written from the Cohere format (DESIGN §4) for OpenAI-style messages: an
+# The checkpoint's own template, written from the Cohere format (docs/models.md) for OpenAI-style messages: an
 # assistant message's `reasoning_content`, `tool_calls` and `content`; a tool message's result.
 CHAT_TEMPLATE = ''.join([
     '{{- bos_token -}}',

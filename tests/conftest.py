@@ -1,4 +1,4 @@
-"""Test session setup: 8 fake CPU devices so sharding tests run in-process (DESIGN §3)."""
+"""Test session setup: 8 fake CPU devices so sharding tests run in-process (docs/models.md)."""
 
 import os
 

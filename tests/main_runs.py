@@ -1,5 +1,5 @@
 """Runs of `python -m luckystar.main` in a subprocess for the end-to-end tests: uninterrupted, and
-killed with SIGKILL after a step then re-run on the same workdir (DESIGN §8 resume)."""
+killed with SIGKILL after a step then re-run on the same workdir (docs/training.md resume)."""
 
 import os
 import pathlib

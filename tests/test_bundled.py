@@ -1,4 +1,4 @@
-"""The bundled models ship inside the package, load offline and behave as DESIGN §7 says; save_hf
+"""The bundled models ship inside the package, load offline and behave as docs/data.md says; save_hf
 writes what transformers and `luckystar.load` read back."""
 
 import json

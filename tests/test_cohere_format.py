@@ -31,7 +31,7 @@ OPENAI_MESSAGES = [
     {'role': 'tool', 'content': '[["김민수"]]'},
     {'role': 'assistant', 'reasoning_content': 'The top earner is 김민수.', 'content': '김민수입니다.'},
 ]
-# Written by hand from the Cohere format (DESIGN §4), not from our code.
+# Written by hand from the Cohere format (docs/models.md), not from our code.
 GOLDEN = (
     '<BOS_TOKEN><|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>' + PREAMBLE + '\n\nDatabase schema: employees(id, name, '
     'salary)<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|USER_TOKEN|>급여가 가장 높은 직원은 누구인가요?'

@@ -1,4 +1,4 @@
-"""Offline DPO (DESIGN §5): each loss variant against hand-computed values, response-only masks, the pair
+"""Offline DPO (docs/rl.md): each loss variant against hand-computed values, response-only masks, the pair
 builder, the cached reference log-probs, and the command line end to end (with a resume)."""
 
 import dataclasses

@@ -1,4 +1,5 @@
-"""int4 export: compressed-tensors pack-quantized (W4A16) directories that transformers loads (DESIGN §6)."""
+"""int4 export: compressed-tensors pack-quantized (W4A16) directories that transformers loads
+(docs/int4_and_export.md)."""
 
 import json
 
@@ -59,7 +60,7 @@ def test_packing_is_compressed_tensors_own():
     np.testing.assert_array_equal(compressed.unpack(packed, shape), values)
     np.testing.assert_array_equal(
         ct_pack.unpack_from_int32(torch.tensor(packed), 4, torch.Size(shape)).numpy(), values)
-  # DESIGN §6 spelled out: q + 8, element k of 8 at bits 4·k, least significant first
+  # docs/int4_and_export.md spelled out: q + 8, element k of 8 at bits 4·k, least significant first
   word = compressed.pack(np.array([[-8, -7, 0, 1, 2, 3, 6, 7]]))[0, 0]
   assert int(word) & 0xFFFFFFFF == sum((q + 8) << (4 * k) for k, q in enumerate([-8, -7, 0, 1, 2, 3, 6, 7]))
   with pytest.raises(ValueError, match=r'\[-8, 7\]'):
@@ -92,7 +93,7 @@ def test_transformers_loads_the_int4_export_with_the_serve_weights_and_logits(mo
   served.save_hf(tmp_path / 'int4', dtype='float32', quantization='int4')
   hf_model, theirs = _transformers_logits(tmp_path / 'int4', tokens)
   ours = np.asarray(served.logits(tokens))
-  assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(ours).max()   # DESIGN asks 1e-3 relative
+  assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(ours).max()   # the design asks 1e-3 relative
   # the weights transformers decompressed are exactly the ones SERVE multiplies with
   _, dequantized = quant.dequantize(served.config, served.params)
   for name, tensor in hf.params_to_hf(dequantized, CONFIG).items():

@@ -291,7 +291,7 @@ def test_imports_resolve_to_the_leaf_module(tmp_path):
   assert layer_of('luckystar.stages', LAYERS) == 'stages' and layer_of('luckystar.newthing', LAYERS) is None
 
 
-# What a bare accelerator image has: jax, flax, optax, torch, transformers, but not these (DESIGN §1's stack).
+# What a bare accelerator image has: jax, flax, optax, torch, transformers, but not these (docs/features.md's stack).
 OPTIONAL_PACKAGES = ('grain', 'aqt', 'ml_collections', 'math_verify', 'faker', 'sentencepiece')
 # The modules experiments/benchmarks/gpu.py runs with no `pip install` of the rest of the stack.
 BARE_MODULES = ('luckystar.model', 'luckystar.sampling', 'luckystar.engine.state', 'luckystar.engine.step',

@@ -1,4 +1,4 @@
-"""The RL stages across processes (DESIGN §3): two processes on 127.0.0.1 (jax.distributed, gloo CPU collectives),
+"""The RL stages across processes (docs/models.md): two processes on 127.0.0.1 (jax.distributed, gloo CPU collectives),
 one CPU device each, the mesh's fsdp spanning both, so neither holds the whole model and a gather to one host
 would fail.
 

@@ -1,4 +1,4 @@
-"""AQT int4 weight-only quantization: TRAIN (fake quant), CONVERT, SERVE (DESIGN §6)."""
+"""AQT int4 weight-only quantization: TRAIN (fake quant), CONVERT, SERVE (docs/int4_and_export.md)."""
 
 import functools
 
@@ -170,7 +170,7 @@ def test_memory_planner_arithmetic_matches_eval_shape_counts(size):
   assert bf16.linear_bytes == 2 * dense and bf16.kv_bytes == int4.kv_bytes
   if size == 'command_a_111b':
     assert 110e9 < params['total'] < 112e9
-    # DESIGN §6: 111B int4 fits one 80 GB H100 with the KV budget left; bf16 and fp8 do not
+    # docs/int4_and_export.md: 111B int4 fits one 80 GB H100 with the KV budget left; bf16 and fp8 do not
     assert int4.fits and int4.max_context >= context, int4.report()
     assert not bf16.fits and not planner.plan(size, 'fp8', context=context, batch=batch).fits
 

@@ -1,4 +1,4 @@
-"""Rejection sampling (DESIGN §5): the keep/drop rule, the prompt sets' disjointness, the teacher's
+"""Rejection sampling (docs/rl.md): the keep/drop rule, the prompt sets' disjointness, the teacher's
 data, the stage end to end (a scripted perfect teacher and a random one), and its trace file in SFT."""
 
 import collections

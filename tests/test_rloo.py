@@ -1,4 +1,4 @@
-"""RLOO's math (DESIGN §5): the leave-one-out advantages, dropped rows, and the policy-gradient loss."""
+"""RLOO's math (docs/rl.md): the leave-one-out advantages, dropped rows, and the policy-gradient loss."""
 
 import hypothesis
 from hypothesis import strategies as st

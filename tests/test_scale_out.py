@@ -1,4 +1,4 @@
-"""Scale-out (DESIGN §3): the SFT, RLOO and DPO steps and the RLOO sampler on conftest's 8 fake CPU
+"""Scale-out (docs/models.md): the SFT, RLOO and DPO steps and the RLOO sampler on conftest's 8 fake CPU
 devices, under a pure data-parallel mesh and an fsdp × tensor mesh, equal one device (fp32)."""
 
 import functools

@@ -1,4 +1,4 @@
-"""One DPO step of the dpo stage with cached reference log-probs, beside TRL's DPOTrainer (DESIGN §9).
+"""One DPO step of the dpo stage with cached reference log-probs, beside TRL's DPOTrainer (docs/benchmarks.md).
 
     python experiments/benchmarks/dpo_step.py                  # 8 pairs of 32 + 64 + 64 tokens, bench
     python experiments/benchmarks/dpo_step.py --steps=3        # a quick check
@@ -213,7 +213,7 @@ def main():
     theirs = float(np.median(peer_seconds))
     print(f'TRL {trl.__version__} DPOTrainer, same run (cached reference): {theirs:.3f} s/step  '
           f'{spread(peer_seconds)}; ours / TRL = {seconds / theirs:.2f} (speed-up {theirs / seconds:.2f}×)')
-  print(f'Goal: ≤ {GOAL_SECONDS} s/step (DESIGN §9). A shared CPU slows every figure.')
+  print(f'Goal: ≤ {GOAL_SECONDS} s/step (docs/benchmarks.md). A shared CPU slows every figure.')
 
 
 if __name__ == '__main__':

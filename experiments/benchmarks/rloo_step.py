@@ -1,4 +1,4 @@
-"""One RLOO step of the RLVR stage: seconds per step and its split into rollout / scoring / update (DESIGN §9).
+"""One RLOO step of the RLVR stage: seconds per step and its split into rollout / scoring / update (docs/benchmarks.md).
 
     python experiments/benchmarks/rloo_step.py                     # 8 prompts × 8 rollouts × 64 new tokens, bench
     python experiments/benchmarks/rloo_step.py --prompts=2 --k=2 --new_tokens=8 --steps=1 --peer=none  # a quick check

@@ -1,4 +1,4 @@
-"""Our jitted KV-cache sampler vs `transformers.generate` on identical weights (DESIGN §9).
+"""Our jitted KV-cache sampler vs `transformers.generate` on identical weights (docs/benchmarks.md).
 
     python experiments/benchmarks/sampler.py [--batch_sizes=16,64] [--new_tokens=128] [--repeats=3]
 
@@ -9,7 +9,7 @@ prompts, no early stop. Each side is warmed up (ours: compiled) before timing; t
 `repeats` runs counts. Prints tokens/s of each, the ratio ours/theirs, and how many rows agree
 token for token (greedy on a random model: a near-tie can flip late tokens, so this is a sanity
 check, not a parity test; tests/test_model_parity.py is that).
-Goal (DESIGN §9): ours >= 3x theirs at batch 16 and 64; theirs ≈ 2,800 tok/s at batch 16 on 2 cores.
+Goal (docs/benchmarks.md): ours >= 3x theirs at batch 16 and 64; theirs ≈ 2,800 tok/s at batch 16 on 2 cores.
 
     python experiments/benchmarks/sampler.py --batch_sizes=16 --breakdown   # where the time goes
 

@@ -1,4 +1,4 @@
-"""SFT train-step throughput: our jitted step vs a plain torch AdamW step, and MFU (DESIGN §9).
+"""SFT train-step throughput: our jitted step vs a plain torch AdamW step, and MFU (docs/benchmarks.md).
 
     python experiments/benchmarks/sft_step.py                      # bench and small, 8 × 256 tokens
     python experiments/benchmarks/sft_step.py --sizes=bench --steps=3
@@ -11,7 +11,7 @@ jit) and of a transformers `Cohere2ForCausalLM` of the same shape trained with `
 matmuls timed in this process. Model FLOPs per step = 6 · params · tokens (tied embeddings: the
 LM head is counted once, the lookup is free) + attention: 12 · layers · hidden · keys per query
 (fwd+bwd of QKᵀ and PV), keys = causal mean (T+1)/2 on full layers, min(window, ...) on sliding ones.
-Goals (DESIGN §9): ≥ 1.5× the torch step's tokens/s on `bench`, ≥ 40% MFU on `small`.
+Goals (docs/benchmarks.md): ≥ 1.5× the torch step's tokens/s on `bench`, ≥ 40% MFU on `small`.
 
     python experiments/benchmarks/sft_step.py --sizes=bench --breakdown   # where the step's time goes
 
@@ -357,7 +357,8 @@ def main():
     if args.breakdown:
       print_breakdown(config, batch, results, args.steps, args.warmup)
       print()
-  print('\nGoals: ≥ 1.5× torch on bench; ≥ 40% MFU on small (DESIGN §9). A shared CPU lowers every figure.')
+  print('\nGoals: ≥ 1.5× torch on bench; ≥ 40% MFU on small (docs/benchmarks.md). '
+        'A shared CPU lowers every figure.')
 
 
 if __name__ == '__main__':

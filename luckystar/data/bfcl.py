@@ -1,4 +1,4 @@
-"""BFCL v4 function-calling questions and gold answers, read from the `bfcl-eval` package (DESIGN §7).
+"""BFCL v4 function-calling questions and gold answers, read from the `bfcl-eval` package (docs/data.md).
 
 The package is installed data-only, because its own dependencies conflict with
 ours (it pins numpy):

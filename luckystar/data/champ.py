@@ -1,5 +1,5 @@
 """CHAMP competition math problems (270, English, with final answers), read from the `champ-dataset`
-package (DESIGN §7): real problems for the eval stage's math suite.
+package (docs/data.md): real problems for the eval stage's math suite.
 
     pip install champ-dataset
 

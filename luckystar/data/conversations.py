@@ -1,4 +1,4 @@
-"""Examples → chat conversations for SFT, in either mode (DESIGN §4, §5 hybrid SFT).
+"""Examples → chat conversations for SFT, in either mode (docs/models.md, docs/training.md hybrid SFT).
 
 Reasoning mode: an English step-by-step thinking section, then the response in the
 prompt's language (or, with `thinking_language='ko'`, Korean prompts think in the Korean trace:
@@ -29,7 +29,7 @@ from luckystar.tools import sql as sql_tool
 DEFAULT_WEIGHTS = {'reasoning': 0.8, 'concise': 0.2}
 REASONING_TASKS = ('math', 'function_calling', 'korean_mc', 'chat')
 CONCISE_TASKS = ('chat', 'korean_mc', 'math', 'function_calling')  # concise tool use: the action alone
-# `tiny-base` (the stand-in for an already post-trained chat model, DESIGN §7): concise-mode
+# `tiny-base` (the stand-in for an already post-trained chat model, docs/data.md): concise-mode
 # conversations per task, and plain bilingual text with loss on every token.
 BASE_WEIGHTS = {'chat': 0.35, 'korean_mc': 0.45, 'math': 0.1, 'text': 0.1}
 # Reasoning-mode chat arithmetic that calls the calculator (the rest states the answer, which the
@@ -179,7 +179,7 @@ def base_sources(tokenizer: Tokenizer, *, seed: int = 0, split: str = 'train', t
   return sources, dict(BASE_WEIGHTS)
 
 
-# ---- the rejection-sampling teacher and its traces (DESIGN §5) ---------------------------------
+# ---- the rejection-sampling teacher and its traces (docs/rl.md) ---------------------------------------
 
 # The teacher learns every task in reasoning mode, NL2SQL included: its gold traces run over the
 # teacher split's own databases, which the student never sees, and over the extra teacher databases

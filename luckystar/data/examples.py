@@ -7,7 +7,7 @@ from typing import Any
 TASKS = ('math', 'nl2sql', 'function_calling', 'korean_mc', 'chat')
 LANGUAGES = ('ko', 'en')
 # train: SFT / RL prompts; heldout: evaluation only; teacher: the rejection-sampling teacher's own
-# training data, disjoint from everything the student sees (DESIGN §5).
+# training data, disjoint from everything the student sees (docs/rl.md).
 SPLITS = ('train', 'heldout', 'teacher')
 REASONING_TASKS = ('math', 'nl2sql', 'function_calling')
 
@@ -52,7 +52,7 @@ RS_ONLY_FRACTION = 0.25
 
 
 def rs_only(example: Example, seed: int, fraction: float = RS_ONLY_FRACTION) -> bool:
-  """Whether a train prompt is reserved for rejection sampling and held out of RLVR (DESIGN §5: the
+  """Whether a train prompt is reserved for rejection sampling and held out of RLVR (docs/rl.md: the
   paper keeps starting entropy this way). A stable hash of the prompt, independent of `split_of`'s."""
   digest = hashlib.sha256(f'rs:{seed}:{example.task}:{example.prompt}'.encode()).digest()
   return int.from_bytes(digest[:8], 'big') / 2**64 < fraction

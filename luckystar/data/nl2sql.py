@@ -4,7 +4,7 @@ Four business domains (sales, HR, finance, inventory), each built as five
 database *instances* (`INSTANCES`): three for training, one for held-out
 evaluation (a database the training split never sees, with its own table and
 column names, as Spider splits train and dev databases) and one for the
-rejection-sampling teacher (DESIGN §5), again with its own names. Values mix Korean and English text and
+rejection-sampling teacher (docs/rl.md), again with its own names. Values mix Korean and English text and
 include dates and NULLs. Questions come in English and Korean at three
 difficulties: single table → joins → aggregates/subqueries. A question quotes its text values as the
 query's literal does (`spell`: "customers from 'Daegu'"), so the value has the same tokens in both.
@@ -475,7 +475,7 @@ def suite(db_paths: dict[str, pathlib.Path] | None = None, per_template: int = 3
   return kept
 
 
-# ---- the teacher's extra databases (DESIGN §5) ------------------------------------------------------
+# ---- the teacher's extra databases (docs/rl.md) ------------------------------------------------------
 # A teacher trained on one wording per domain learns its table and column names by heart and cannot
 # query a database it has never seen (the tiny teacher's pass@8 on the student's NL2SQL was 0%). So
 # the teacher also trains on TEACHER_WORDINGS more databases per domain, each with its own rows and its
@@ -545,7 +545,7 @@ def extra_questions(directory: pathlib.Path, domain: str, databases: list[tuple[
   return examples
 
 
-# ---- curation (DESIGN §5) ----------------------------------------------------------------------
+# ---- curation (docs/rl.md) ----------------------------------------------------------------------
 
 CURATION_REASONS = ('kept', 'gold_failed', 'empty_result', 'too_long')
 

@@ -1,5 +1,5 @@
-"""The engine: what every stage shares, written once (DESIGN §2, §5). Stages (`luckystar/stages/`) hold their
-method's pure loss and a short `run(config, workdir)` on top of it.
+"""The engine: what every stage shares, written once (README.md, docs/training.md). Stages
+(`luckystar/stages/`) hold their method's pure loss and a short `run(config, workdir)` on top of it.
 
     loading.py     `load(name or path)` → Model: bundled names, run directories, transformers directories
     state.py       TrainState, created sharded from `jax.eval_shape`; `start`: model, mesh, optimizer, state

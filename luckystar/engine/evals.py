@@ -1,4 +1,4 @@
-"""Held-out evaluation, the one engine every stage's `eval/*` figures and the eval stage use (DESIGN §8).
+"""Held-out evaluation, the one engine every stage's `eval/*` figures and the eval stage use (docs/evaluation.md).
 
 A `Respond` turns examples into replies: `model_respond` (a luckystar model: greedy, or sampled at a
 temperature, with the tool loop: NL2SQL runs its SQL in the sandbox, math may call the calculator) or

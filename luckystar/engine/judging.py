@@ -1,4 +1,4 @@
-"""A stage's LLM judge (rewards.judge, DESIGN §5), built from `config.judge`, its verdicts kept in the workdir.
+"""A stage's LLM judge (rewards.judge, docs/rl.md), built from `config.judge`, its verdicts kept in the workdir.
 
     judge = judging.make(config, workdir)       # None when config.judge.backend == 'none' (the default)
     groups = rollouts.generate_and_score(..., judge=judge)    # evals.evaluate / run_examples: judge= too

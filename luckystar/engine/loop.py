@@ -74,7 +74,7 @@ def _evaluate(eval_fn: EvalFn | None, params: Any, step: int) -> dict[str, Any]:
     return {}
   results = eval_fn(params, step)
   if bad := [k for k in results if not k.startswith('eval/')]:
-    raise ValueError(f'eval_fn returned metrics {bad}; held-out metrics are named eval/<name> (DESIGN §8)')
+    raise ValueError(f'eval_fn returned metrics {bad}; held-out metrics are named eval/<name> (docs/training.md)')
   return results
 
 

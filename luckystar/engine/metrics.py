@@ -1,4 +1,4 @@
-"""Run logs: `metrics.jsonl`, TensorBoard events and one summary figure in the workdir (DESIGN §8), and the
+"""Run logs: `metrics.jsonl`, TensorBoard events and one summary figure in the workdir (docs/training.md), and the
 summary a run prints at its end (`summarize`: headline figures before → after, and where the outputs are).
 
 Only process 0 writes. On resume from step s, lines of `metrics.jsonl` with a step beyond s are

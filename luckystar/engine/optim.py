@@ -1,4 +1,4 @@
-"""AdamW with linear warmup and cosine decay, and global-norm clipping (DESIGN §5).
+"""AdamW with linear warmup and cosine decay, and global-norm clipping (docs/training.md).
 
 Config keys: `learning_rate` (peak), `warmup_steps`, `total_steps` (the cosine reaches 0 there),
 `weight_decay`, `b1`, `b2`, `max_grad_norm`.

@@ -1,4 +1,4 @@
-"""One jitted `update_fn(state, batch, rng) -> (state, metrics)` from a pure loss (DESIGN §5).
+"""One jitted `update_fn(state, batch, rng) -> (state, metrics)` from a pure loss (docs/training.md).
 
 A stage's `loss_fn(params, batch, rng) -> (loss, aux)` returns `loss = sum / denominator` over the
 batch it is given, and `aux[denominator]` (e.g. 'tokens'), the count it divided by.

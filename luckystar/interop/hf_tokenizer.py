@@ -1,4 +1,5 @@
-"""Our sentencepiece tokenizer and chat template as transformers tokenizer files (DESIGN §4, §6).
+"""Our sentencepiece tokenizer and chat template as transformers tokenizer files (docs/models.md,
+docs/int4_and_export.md).
 
 `AutoTokenizer.from_pretrained(dir)` then encodes exactly as `luckystar.tokenizer.Tokenizer.encode`
 and `apply_chat_template(messages, mode=...)` produces exactly `Tokenizer.render`'s ids, so a server

@@ -102,7 +102,7 @@ def _size(num_layers, pattern=4, **kwargs) -> ModelConfig:
   return ModelConfig(num_layers=num_layers, layer_types=pattern_layer_types(num_layers, pattern), **kwargs)
 
 
-# `tiny` is the size of the bundled models; `bench` is the peer-comparison shape of DESIGN §9.
+# `tiny` is the size of the bundled models; `bench` is the peer-comparison shape of docs/benchmarks.md.
 SIZES = {
     'tiny': lambda: _size(vocab_size=8000, hidden_size=256, intermediate_size=768, num_layers=4,
                           num_heads=4, num_kv_heads=2, sliding_window=64, max_position_embeddings=2048),

@@ -1,4 +1,4 @@
-"""compressed-tensors `pack-quantized` (W4A16) tensors ⇄ AQT's frozen int values and scales (DESIGN §6).
+"""compressed-tensors `pack-quantized` (W4A16) tensors ⇄ AQT's frozen int values and scales (docs/int4_and_export.md).
 
 What transformers and vLLM's compressed-tensors W4A16 loader read, per quantized Linear `<name>`:
 

@@ -1,5 +1,5 @@
 """Memory planner: bytes of weights and KV cache for a model size, weight dtype, context and batch, and
-whether they fit one GPU (default an 80 GB H100) (DESIGN §6).
+whether they fit one GPU (default an 80 GB H100) (docs/int4_and_export.md).
 
     python -m luckystar.quant.planner --size=command_a_111b --weights=int4 --context=131072 --batch=1
 

@@ -1,4 +1,4 @@
-"""AQT int weight-only quantization of the dense layers (DESIGN §6), through `aqt.jax.v2`'s flax layer.
+"""AQT int weight-only quantization of the dense layers (docs/int4_and_export.md), through `aqt.jax.v2`'s flax layer.
 
 `ModelConfig.quant = QuantSettings(mode, bits, group_size, scale_dtype)` turns every dense layer
 (`Projection`: q/k/v/o and gate/up/down; the tied embedding stays float) into an `AqtDotGeneral`:

@@ -1,4 +1,4 @@
-"""Tool calls in the action section, and whether they are the right calls (DESIGN §4).
+"""Tool calls in the action section, and whether they are the right calls (docs/models.md).
 
 Format: `luckystar.tools.calls` (`parse_calls`; None is a format error).
 

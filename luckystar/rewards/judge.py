@@ -1,4 +1,4 @@
-"""LLM-judge fallback: a binary verdict where rule verifiers cannot decide (DESIGN §5). Off by default.
+"""LLM-judge fallback: a binary verdict where rule verifiers cannot decide (docs/rl.md). Off by default.
 
 Rule verifiers always run first; a judge is asked only what they leave open,
 e.g. whether two answers are equivalent beyond what math-verify can prove, or

@@ -1,7 +1,7 @@
-"""Which language a prompt or response is in, by script: the language penalty of RLVR (DESIGN §5).
+"""Which language a prompt or response is in, by script: the language penalty of RLVR (docs/rl.md).
 
 The reward is `correctness − language_penalty · mismatch`; the paper penalises
-Korean prompts answered in English, and `language_mismatch` (DESIGN §8) is,
+Korean prompts answered in English, and `language_mismatch` (docs/training.md) is,
 among Korean prompts with a parsable response, the fraction whose response is
 not Korean.
 
@@ -193,7 +193,7 @@ def mismatch(prompt_language: str | None, response: str | None, *, data: Sequenc
   verdict gives no penalty and is counted in `judge.stats`), else False.
 
   The rule is symmetric, so English prompts answered in Korean are penalised
-  too, as DESIGN §5's reward says. The paper's reported figure is Korean →
+  too, as docs/rl.md's reward says. The paper's reported figure is Korean →
   English only: compute `language_mismatch` over Korean prompts alone.
   """
   return mismatch_verdict(prompt_language, response, data=data, judge=judge)[0]

@@ -1,4 +1,4 @@
-"""Math answer verifier: math-verify in a worker process we can kill (DESIGN §1, §5).
+"""Math answer verifier: math-verify in a worker process we can kill (docs/rl.md).
 
 Model output is untrusted, and an RL policy pushes on every hole it finds.
 math-verify runs on sympy, which hangs on `9**9**9**9`, eats memory on

@@ -1,4 +1,4 @@
-"""Tokenizers and chat formats (DESIGN §4): a `Tokenizer` is a text codec (`codecs`: the bundled
+"""Tokenizers and chat formats (docs/models.md): a `Tokenizer` is a text codec (`codecs`: the bundled
 sentencepiece model, or a transformers `tokenizer.json`) plus a chat format (`formats`: ours, or
 Cohere's as Command R7B and Command A use it).
 

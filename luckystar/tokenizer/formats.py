@@ -1,4 +1,4 @@
-"""Chat formats: our conversation model laid out on a checkpoint's special tokens (DESIGN §4).
+"""Chat formats: our conversation model laid out on a checkpoint's special tokens (docs/models.md).
 
 A conversation is system / user / assistant / tool messages; an assistant message holds up to three
 sections, in this order: `thinking`, `action` (tool calls as JSON, `luckystar.tools.calls`) and

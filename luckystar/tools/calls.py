@@ -1,4 +1,4 @@
-"""Tool calls in an action section, parsed as every tool and verifier reads them (DESIGN §4).
+"""Tool calls in an action section, parsed as every tool and verifier reads them (docs/models.md).
 
 The action section of an assistant turn holds JSON and nothing else:
 one call

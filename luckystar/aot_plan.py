@@ -225,7 +225,21 @@ def main(argv=None) -> None:
                       'devices are CPUs, so `auto` would mean their choice, not the accelerator\'s)')
   parser.add_argument('--remat_scope', default='group,layer', help="comma-separated, of 'group' and 'layer' "
                       '(model.config)')
+  parser.add_argument('--dry_run', action='store_true', help='check the flags (steps, layouts, sizes) and say what '
+                      'would be compiled, compiling nothing')
   args = parser.parse_args(argv)
+  if args.dry_run:
+    if unknown := [step for step in args.steps.split(',') if step not in STEPS]:
+      raise SystemExit(f'error: --steps entries {unknown}; expected some of {STEPS}')
+    try:
+      layouts = list(map(parse_layout, args.layouts.split(',')))
+      accums = list(map(int, args.grad_accum_steps.split(',')))
+      model.get(args.size)
+    except ValueError as e:
+      raise SystemExit(f'error: {e}') from None
+    print(f'would plan: {args.size}, steps {args.steps}, layouts {layouts}, grad_accum_steps {accums}, remat '
+          f'{args.remat} × scope {args.remat_scope}, on {args.devices} fake devices')
+    return
   if jax.device_count() != args.devices:
     raise SystemExit(f'error: {jax.device_count()} devices, --devices={args.devices}; run as '
                      f'`python -m luckystar.aot_plan` (it sets the fake device count before jax starts)')

@@ -1,5 +1,7 @@
-"""The config keys every stage shares (DESIGN §8); `configs/*.py` start from `base(stage)`."""
+"""The config keys every stage shares (docs/training.md); `configs/*.py` start from `base(stage)`."""
 
+import ast
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -46,7 +48,7 @@ DOMAINS = {
     'an integer ≥ 1': ('total_steps', 'batch_size', 'grad_accum_steps', 'keep_checkpoints', 'max_new_tokens',
                        'seq_len', 'samples_per_prompt', 'selection_samples', 'updates_per_batch', 'max_prompt_tokens',
                        'length_multiple', 'selection_batch', 'eval_batch_size', 'sampling_batch',
-                       'reference_batch_size', 'bits', 'initialization_timeout_s'),
+                       'reference_batch_size', 'bits', 'initialization_timeout_s', 'selection_prompts'),
     'an integer ≥ 0': ('seed', 'warmup_steps', 'log_every', 'eval_every', 'checkpoint_every', 'top_k',
                        'max_tool_turns', 'max_tool_result_tokens', 'eval_examples_per_source', 'per_task_language',
                        'per_suite_language', 'max_prompts', 'eval_prompts', 'eval_samples', 'pass_k_samples',
@@ -93,6 +95,111 @@ def check(config: ml_collections.ConfigDict) -> None:
                for problem in judge_lib.config_problems(judge, where)]
   if problems:
     raise errors.UserError('; '.join(problems))
+
+
+# Keys a `--config.<key>=V` flag may set although the config file does not define them with that shape (a locked
+# ConfigDict refuses both): `main` sets them after parsing the rest.
+#   model_overrides.<field>   any ModelConfig field (luckystar.model.ModelConfig), e.g. param_dtype=bfloat16
+#   selection_prompts         one count for every task instead of the config file's dict task → count
+# Each also works at any depth (a pipeline stage's own), by the last parts of the key.
+OPEN_KEYS = ('model_overrides.<field>', 'selection_prompts')
+
+
+def is_open_key(key: str) -> bool:
+  """Whether `--config.<key>=V` is one of OPEN_KEYS."""
+  parts = key.split('.')
+  return parts[-1] == 'selection_prompts' or (len(parts) > 1 and parts[-2] == 'model_overrides')
+
+
+def set_open_key(config: ml_collections.ConfigDict, key: str, given: str, flag: str) -> None:
+  """Sets the OPEN_KEYS entry `key` from the text of `flag` (`--config.<key>=<given>`), or a UserError naming
+  the flag: an unknown ModelConfig field, a value of another type."""
+  from luckystar import model  # pylint: disable=g-import-not-at-top
+  *parents, leaf = key.split('.')
+  node = config
+  for part in parents:
+    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+      raise errors.UserError(f'{flag}: the config has no key {part!r} there')
+    node = node[part]
+  if parents and parents[-1] == 'model_overrides':
+    fields = {field.name: field for field in dataclasses.fields(model.ModelConfig)}
+    if leaf not in fields or leaf == 'quant':
+      raise errors.UserError(f'{flag}: {leaf!r} is not a ModelConfig field a flag can set; fields: '
+                             f'{sorted(set(fields) - {"quant"})}')
+    if isinstance(fields[leaf].default, str):
+      value = given
+    else:
+      try:
+        value = ast.literal_eval({'true': 'True', 'false': 'False', 'none': 'None'}.get(given, given))
+      except (ValueError, SyntaxError):
+        raise errors.UserError(f'{flag}: {given!r} is not a value of ModelConfig.{leaf}') from None
+  else:
+    try:
+      value = int(given)
+    except ValueError:
+      raise errors.UserError(f'{flag}: expected one integer, the candidates for every task (set one task\'s '
+                             f'count with --config.{key}.<task>=N)') from None
+  with config.unlocked():
+    if leaf in node:
+      del node[leaf]   # the type may change (a dict becomes a count)
+    node[leaf] = value
+
+
+def check_inputs(config: ml_collections.ConfigDict) -> list[str]:
+  """A UserError unless what the config reads is there: every `*sources` string (parsed; files present and regular
+  files) and every `init_from` (its model config and tensor headers read, no weights); a pipeline's '@<stage>'
+  references, made by the run, are skipped. For `main --dry_run`; returns notes for the user (none yet)."""
+  from luckystar.data import sources as sources_lib  # pylint: disable=g-import-not-at-top
+  tree = config.to_dict()
+  for key, value in flatten(tree).items():
+    leaf = key.rsplit('.', 1)[-1]
+    if leaf.endswith('sources') and isinstance(value, str) and value.strip():
+      items = [item for item in value.split(',') if not item.partition(':')[2].startswith('@')]
+      sources_lib.parse(','.join(items), key=f'config.{key}')
+    elif leaf == 'init_from' and isinstance(value, str) and value and not value.startswith('@'):
+      parent = key.rpartition('.')[0]
+      overrides = flatten_get(tree, f'{parent}.model_overrides' if parent else 'model_overrides') or {}
+      check_init_from(value, overrides, f'config.{key}')
+  return []
+
+
+def flatten_get(tree: dict, key: str):
+  """tree['a']['b'] for key 'a.b'; None if absent."""
+  for part in key.split('.'):
+    if not isinstance(tree, dict) or part not in tree:
+      return None
+    tree = tree[part]
+  return tree
+
+
+def check_init_from(init_from: str, overrides: dict, where: str = 'config.init_from') -> None:
+  """A UserError unless `init_from` names a model `state.initial_model` can start from: 'random:<size>', a
+  bundled name, a run directory with a complete checkpoint, or a transformers directory; reads its model config
+  and tensor headers (with `overrides` applied), never its weights."""
+  from luckystar.engine import loading  # pylint: disable=g-import-not-at-top
+  from luckystar.engine import state as state_lib  # pylint: disable=g-import-not-at-top
+  from luckystar.interop import hf  # pylint: disable=g-import-not-at-top
+  from luckystar import model  # pylint: disable=g-import-not-at-top
+  if init_from.startswith(state_lib.RANDOM_INIT_PREFIX):
+    state_lib.initial_model(init_from, overrides)   # a named size: no params made
+    return
+  try:
+    path = loading.resolve(init_from)
+    if checkpoint.is_run_dir(path):
+      step_dir = checkpoint._step_dir(path.absolute())  # pylint: disable=protected-access
+      # The file orbax's JsonCheckpointHandler writes (checkpoint.load_params reads it so).
+      saved = json.loads(files.read_text(step_dir / checkpoint.MODEL_CONFIG / 'metadata', MAX_SAVED_CONFIG_BYTES,
+                                         'model config'))
+      model.ModelConfig(**saved).replace(**overrides)
+    elif hf.is_hf_dir(path):
+      hf.read_config(path, **overrides)
+    else:
+      raise errors.InvalidFile(f'{path}: not a model directory luckystar can read (a transformers Cohere2/Cohere '
+                               f'directory with config.json and safetensors, or a luckystar run directory)')
+  except errors.UserError as e:
+    raise errors.UserError(f'{where}={init_from!r}: {e}') from None
+  except (TypeError, ValueError) as e:   # a model config that does not take the overrides
+    raise errors.UserError(f'{where}={init_from!r}: {type(e).__name__}: {e}') from None
 
 
 def _judge_configs(tree: dict, prefix: str = 'config') -> list[tuple[str, object]]:
@@ -194,6 +301,16 @@ def base(stage: str) -> ml_collections.ConfigDict:
   config.judge = ml_collections.ConfigDict(judge_lib.DEFAULTS)
   config[stage] = ml_collections.ConfigDict()
   return config
+
+
+def variants(path: str | pathlib.Path) -> list[str]:
+  """The `:variant` names a config file's get_config takes: the strings its code compares `arg` with
+  (`if arg == 'smoke':`), in the order they appear; read from the source, nothing run."""
+  names = []
+  for node in ast.walk(ast.parse(pathlib.Path(path).read_text())):
+    if isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) and node.left.id == 'arg':
+      names += [c.value for c in node.comparators if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+  return sorted(set(names), key=names.index)
 
 
 def from_file(path: str | pathlib.Path, arg: str | None = None) -> ml_collections.ConfigDict:

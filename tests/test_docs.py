@@ -15,6 +15,16 @@ The rules:
   its smoke variant, where one is quick enough, is a block of its own.
 - `/tmp/` inside a block that runs becomes a fresh temporary directory, so a documented workdir never
   resumes an older run and nothing is left in the real /tmp.
+- A not-run block still parses: each `python -m luckystar.main` command in it (also one inside a launcher
+  line: `srun ...`, `gcloud ... --command="..."`, a `for` loop) runs with `--dry_run` appended, each
+  `python -m luckystar.aot_plan` with `--dry_run`, and each `python -m luckystar.serve` has its flags parsed
+  (absl, nothing served), so a documented command that no longer parses fails. Such a check sees the 8 fake
+  devices of tests/conftest.py, keeps the block's `NAME=value` lines (and a `for` variable's first value),
+  and stands in for the user's files: `/tmp/`, `/mnt/shared/` and `/shared/` become a fresh directory,
+  `/data/...` paths named as `FORMAT:/data/...` become small files of that format (tests/data_files.py),
+  `$R7B` a Cohere checkpoint built offline (tests/cohere_checkpoint.py), and an `init_from` that an earlier
+  line of the block makes (its --workdir, a path it names) or on a shared cluster path is the block's first
+  explicit `init_from` (else tiny-sft): its model, as the earlier stage would leave it.
 - ```text blocks (layouts, formats, expected output) never run. Any other fence language, or none,
   fails `test_fences_have_known_languages`, so no block is skipped without saying so.
 
@@ -175,6 +185,92 @@ def run_block(block: Block, tmp: pathlib.Path) -> str | None:
   return run_shell(block, tmp)
 
 
+_LUCKYSTAR = re.compile(r'python -m luckystar\.(main|serve|aot_plan)\b([^;&|"]*)')
+_ASSIGNMENT = re.compile(r'^(?:export\s+)?[A-Za-z_]\w*=')
+_LOOP = re.compile(r'\bfor (\w+) in (\S+)')
+_CLUSTER_PATHS = ('/mnt/shared/', '/shared/')
+_DATA_ITEM = re.compile(r'(\w+):(/data/[^,@\s\'"]+)')
+_INIT_FROM = re.compile(r'--config\.init_from=(\S+)')
+_WORKDIR = re.compile(r'--workdir=(\S+)')
+
+
+def _data_file(form: str, path: pathlib.Path) -> None:
+  """A small file (or Spider/BIRD directory) of `form` at `path`, standing in for the user's own."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, str(ROOT / 'tests'))
+  import data_files  # pylint: disable=g-import-not-at-top
+  made = data_files.write_all(path.parent / f'.{path.name}.made')
+  path.parent.mkdir(parents=True, exist_ok=True)
+  if form in ('spider', 'bird'):   # the questions file and the databases beside it, under the documented names
+    for item in made[form].parent.iterdir():
+      target = path if item == made[form] else path.parent / (
+          item.name.replace(made[form].stem, path.stem) if form == 'bird' else item.name)
+      (shutil.copytree if item.is_dir() else shutil.copy)(item, target)
+  else:
+    shutil.copy(made.get(form, made['chat_jsonl'] if form == 'rs_traces' else made['math_jsonl']), path)
+
+
+def dry_commands(block: Block, tmp: pathlib.Path) -> list[tuple[int, str]]:
+  """(markdown line, bash script) checking each luckystar command of a not-run shell block (module docstring)."""
+  checks, setup, made, first_init = [], [], set(), None
+  for lineno, line in commands(block):
+    for placeholder in ('/tmp/', *_CLUSTER_PATHS):
+      line = line.replace(placeholder, f'{tmp}/{placeholder.strip("/").replace("/", "_")}/')
+    if _ASSIGNMENT.match(line):
+      setup.append(line)
+      continue
+    loop = [f'{m[1]}={m[2]}' for m in _LOOP.finditer(line)]
+    for module, args in _LUCKYSTAR.findall(line):
+      args = ' '.join(re.split(r'\s#', args)[0].split())   # a trailing comment ends the command
+      for form, location in _DATA_ITEM.findall(args):
+        data = tmp / 'data' / location[len('/data/'):]
+        if not data.exists():
+          _data_file(form, data)
+        args = args.replace(location, str(data))
+      if module == 'main':
+        if (init := _INIT_FROM.search(args)) and (init[1] in made or str(tmp) in init[1] and
+                                                  any(p.strip('/').replace('/', '_') in init[1] for p in _CLUSTER_PATHS)):
+          args = args.replace(init[0], f'--config.init_from={first_init or "tiny-sft"}')
+        elif init and first_init is None:
+          first_init = init[1]
+        made.update(_WORKDIR.findall(args))
+        command = f'python -m luckystar.main {args.strip()} --dry_run'
+      elif module == 'aot_plan':
+        command = f'python -m luckystar.aot_plan {args.strip()} --dry_run'
+      else:   # the server's flags, parsed as it parses them; nothing loaded or served
+        command = (f'python -c "import sys; from absl import flags; import luckystar.serve; flags.FLAGS(sys.argv)" '
+                   f'{args.strip()}')
+      checks.append((lineno, '\n'.join([*setup, *loop, command])))
+    made.update(re.findall(r'[\w./-]*/[\w./-]+', line))   # paths this line makes, for the next lines
+  return checks
+
+
+def _cohere_checkpoint(tmp: pathlib.Path) -> pathlib.Path:
+  sys.path.insert(0, str(ROOT / 'tests'))
+  import cohere_checkpoint  # pylint: disable=g-import-not-at-top
+  return cohere_checkpoint.build(tmp / 'r7b')
+
+
+def dry_run_shell(block: Block, tmp: pathlib.Path) -> str | None:
+  """None if every luckystar command of a not-run shell block parses, else the first failure."""
+  env = {**_env(), 'XLA_FLAGS': '--xla_force_host_platform_device_count=8', 'JAX_PLATFORMS': 'cpu'}
+  checks = dry_commands(block, tmp)
+  if any('$R7B' in script for _, script in checks):
+    env['R7B'] = str(_cohere_checkpoint(tmp))
+  for lineno, script in checks:
+    proc = subprocess.run(['bash', '-c', script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    if proc.returncode != 0:
+      return (f'{block.path}:{lineno}: `{script.splitlines()[-1]}` (a not-run command, checked) exited '
+              f'{proc.returncode} (block at line {block.line})\n{_tail(proc.stdout + proc.stderr)}')
+  return None
+
+
+def dry_runnable(blocks: list[Block]) -> list[Block]:
+  return [b for b in blocks if b.lang in ('bash', 'sh', 'console') and b.not_run is not None
+          and _LUCKYSTAR.search(b.code.replace('\\\n', ' '))]
+
+
 def runnable(blocks: list[Block]) -> list[Block]:
   return [b for b in blocks if b.lang in RUN_LANGUAGES and b.not_run is None]
 
@@ -200,6 +296,12 @@ BLOCKS = _all_blocks()
 @pytest.mark.parametrize('block', runnable(BLOCKS), ids=lambda b: b.where)
 def test_block_runs(block, tmp_path):
   failure = run_block(block, tmp_path)
+  assert failure is None, failure
+
+
+@pytest.mark.parametrize('block', dry_runnable(BLOCKS), ids=lambda b: b.where)
+def test_not_run_commands_parse(block, tmp_path):
+  failure = dry_run_shell(block, tmp_path)
   assert failure is None, failure
 
 
@@ -279,3 +381,28 @@ def test_broken_blocks_are_reported(tmp_path):
     parse('text\n```bash\necho\n', 'broken.md')
   with pytest.raises(ValueError, match=r'needs a reason'):
     parse('<!-- not run: -->\n```bash\necho\n```\n', 'broken.md')
+
+
+NOT_RUN_BROKEN = """# A page whose skipped commands no longer parse
+<!-- not run: long -->
+```bash
+python -m luckystar.main --config=configs/sft.py:smoke --workdir=/tmp/x \\
+  --config.totl_steps=3
+```
+
+<!-- not run: a server -->
+```bash
+python -m luckystar.serve --init_from=tiny-sft --prot=8000 &
+```
+"""
+
+
+def test_broken_not_run_commands_are_reported(tmp_path):
+  main, serve = dry_runnable(parse(NOT_RUN_BROKEN, 'broken.md'))
+  assert [script.splitlines()[-1] for _, script in dry_commands(main, tmp_path)] == [
+      f'python -m luckystar.main --config=configs/sft.py:smoke --workdir={tmp_path}/tmp/x --config.totl_steps=3 '
+      '--dry_run']
+  failure = dry_run_shell(main, tmp_path)
+  assert failure.startswith('broken.md:4: ') and "unknown config key 'totl_steps'" in failure, failure
+  failure = dry_run_shell(serve, tmp_path)
+  assert failure.startswith('broken.md:10: ') and 'prot' in failure, failure

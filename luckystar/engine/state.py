@@ -1,4 +1,4 @@
-"""The train state, created directly in its sharded layout (DESIGN §3).
+"""The train state, created directly in its sharded layout (docs/models.md).
 
 `create` traces the initialisation with `jax.eval_shape`, derives every leaf's sharding from the
 one logical-axis table (`luckystar.model.sharding`; optimizer moments follow their params, scalars
@@ -8,6 +8,7 @@ on one device.
 `config.init_from` picks the initial params:
   'random:<size>'                 random init of a named size (`luckystar.model.SIZES`), e.g. 'random:tiny'
   'tiny-base', an HF directory    `loading.load(...)`
+  'org/name[@revision]'           that repo's snapshot in the local Hugging Face cache (`loading.resolve`)
   a luckystar run directory       the params of its latest checkpoint (via `loading.load`)
 """
 
@@ -48,6 +49,24 @@ def check_vocab(init_from: str, model_config: model.ModelConfig, tokenizer: Any)
   if tokenizer is not None and tokenizer.vocab_size > model_config.vocab_size:
     raise errors.UserError(f'config.init_from={init_from!r} has {model_config.vocab_size} token embeddings, '
                            f'fewer than the tokenizer\'s {tokenizer.vocab_size}')
+
+
+def check_mesh(mesh_config: Any, *, count_devices: bool = True) -> None:
+  """A UserError naming `config.mesh` and the devices there are, unless its sizes are integers ≥ 1 (one may be
+  -1: the remaining devices) whose product is the device count (not checked with `count_devices=False`)."""
+  shape = dict(mesh_config)
+  given = ', '.join(f'config.mesh.{axis}={size}' for axis, size in shape.items())
+  sizes_ok = all(isinstance(size, int) and (size >= 1 or size == -1) for size in shape.values())
+  if not sizes_ok or list(shape.values()).count(-1) > 1:
+    raise errors.UserError(f'{given}: each size must be an integer ≥ 1, or -1 (once) for the remaining devices')
+  if not count_devices:
+    return
+  devices = jax.devices()
+  try:
+    sharding.make_mesh(shape, devices)
+  except ValueError as e:
+    raise errors.UserError(f'{given}: {e} ({len(devices)} {devices[0].platform} device(s) here); the sizes must '
+                           f'multiply to {len(devices)}, e.g. set one of them to -1') from None
 
 
 class Initial(NamedTuple):
@@ -190,6 +209,7 @@ def start(config, workdir: Any, *, updates_per_step: int = 1, needs_tokenizer: b
   tokenizer = tokenizer_of(initial, config.init_from) if needs_tokenizer else initial.tokenizer
   if tokenizer is not None:
     checkpoint.save_tokenizer(workdir, tokenizer)
+  check_mesh(config.mesh)
   mesh = sharding.make_mesh(dict(config.mesh))
   model_config, params = on_mesh(initial, mesh)
   optimizer = optim.make(config, updates_per_step)

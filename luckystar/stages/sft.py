@@ -1,4 +1,4 @@
-"""Hybrid SFT (DESIGN §5, paper §2.2): next-token cross-entropy on assistant tokens of a weighted
+"""Hybrid SFT (docs/training.md, paper §2.2): next-token cross-entropy on assistant tokens of a weighted
 mixture of conversations in both modes (default 80% reasoning, 20% concise).
 
     python -m luckystar.main --config=configs/sft.py --workdir=runs/sft
@@ -18,6 +18,7 @@ registered data of that name as one source),
 import functools
 from typing import Mapping, Sequence
 
+from absl import logging
 import jax
 import numpy as np
 
@@ -97,6 +98,23 @@ def source_items(config, split: str = 'train') -> list[sources_lib.Source]:
     return sources_lib.parse(config.sft.eval_sources, key='config.sft.eval_sources',
                              formats=sources_lib.CONVERSATION_FORMATS)
   return [s for s in source_items(config) if s.format == 'bundled']
+
+
+def no_eval_note(config) -> str | None:
+  """Why eval/loss would not run although `eval_examples_per_source` asks for it: only bundled items have a
+  held-out split, so sources of files alone and no `eval_sources` leave nothing to evaluate."""
+  if not config.sft.eval_examples_per_source or config.sft.get('eval_sources'):
+    return None
+  if any(s.format == 'bundled' for s in source_items(config)):
+    return None
+  return (f'no held-out eval/loss: config.sft.sources={config.sft.sources!r} has no bundled item (only those '
+          f'have a held-out split) and config.sft.eval_sources is empty; set '
+          f'--config.sft.eval_sources=chat_jsonl:FILE to held-out conversations')
+
+
+def dry_run_notes(config) -> list[str]:
+  """What `main --dry_run` says of this stage beyond the shared checks."""
+  return [note] if (note := no_eval_note(config)) else []
 
 
 def sources(config, split: str, *, tokenizer: tokenizer_lib.Tokenizer | None, vocab_size: int
@@ -189,6 +207,8 @@ def run(config, workdir: str) -> None:
                                          batch_size=config.batch_size
                                          ).map(logprobs.with_score_columns).map(update_fn.local_rows))
   eval_fn, eval_questions = None, []
+  if note := no_eval_note(config):
+    logging.warning(note)
   if config.sft.eval_examples_per_source:
     heldout, _, heldout_reports = sources(config, 'heldout', tokenizer=tokenizer, vocab_size=model_config.vocab_size)
     eval_questions += [q for report in heldout_reports for q in report.questions]

@@ -1,12 +1,17 @@
 """Loading a model by name or path → `Model`: bundled names, luckystar run directories, transformers
-directories (float or int4). `luckystar.load` (the api facade) is `load` here."""
+directories (float or int4), Hugging Face repo ids in the local hub cache. `luckystar.load` (the api
+facade) is `load` here."""
 
+import collections
 import dataclasses
 import functools
 import os
 import pathlib
+import re
 from typing import Any, Callable, Mapping, Sequence
 
+import huggingface_hub
+from huggingface_hub import errors as hub_errors
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -89,29 +94,65 @@ class Model:
                             max_tool_result_tokens=max_tool_result_tokens)
     return generations[0] if single else generations
 
-  def chat(self, conversations: Sequence[dict] | Sequence[Sequence[dict]], mode: str = 'reasoning', *,
-           max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-           tools: Tools = None, max_tool_turns: int = 4, max_tool_result_tokens: int = 512,
-           decode_chunk: int | None = None, check: Callable[[], Any] | None = None
-           ) -> 'Generation | list[Generation]':
-    """The assistant's next turn after whole conversations: one conversation (a list of message dicts as
-    `Tokenizer.render` reads them: system / user / assistant / tool, assistant turns with `thinking` /
-    `action` / `response`) gives one Generation, a list of conversations a list, sampled together.
+  def chat(self, conversations: Sequence[dict] | Sequence[Sequence[dict]], mode: str | Sequence[str] = 'reasoning',
+           *, max_new_tokens: int | Sequence[int] = 256, temperature: float = 0.0, top_k: int = 0,
+           top_p: float = 1.0, seed: int | Sequence[int] = 0, tools: Tools = None, max_tool_turns: int = 4,
+           max_tool_result_tokens: int = 512, decode_chunk: int | None = None,
+           check: Callable[[], Any] | None = None, follow: Callable[[int, sampling.Rollout], bool] | None = None,
+           slots: int | None = None, more: Callable[[int, int], Sequence[tuple]] | None = None,
+           done: Callable[[int, Generation], Any] | None = None) -> 'Generation | list[Generation]':
+    """The assistant's next turn after whole conversations: one conversation (a list of message dicts:
+    system / developer / user / assistant / tool, assistant turns in OpenAI's shape, `content`,
+    `reasoning_content`, `tool_calls`, or ours, `thinking` / `action` / `response`; `tokenizer.from_openai`)
+    gives one Generation, a list of conversations a list, sampled together.
 
     mode picks the system preamble (a system message's content follows it); the other arguments are
     `generate`'s, and decode_chunk and check `sampling.rollout`'s (a server: a few programs for any budget, and
-    a way to stop a reply nobody waits for). A malformed conversation (an unknown role, a system message after
-    the first) is a ValueError before any sampling.
+    a way to stop a reply nobody waits for), follow `sampling.rollout`'s too (each row's reply so far, before each
+    decode call; False drops the row). A malformed conversation (an unknown role, a system message after the
+    first) is a ValueError before any sampling.
+
+    Conversations sampled together (a server's concurrent requests) may differ in mode, max_new_tokens and seed:
+    a list gives one per conversation. The k-th conversation with seed s draws as row k of a call with
+    seed=s, so each reply is the one its own call would give.
+
+    Continuous batching (a server; needs decode_chunk, and tools None or a tool_fn): with slots free and no
+    conversation waiting, more(free slots, cache length) gives conversations to add to the running batch, each
+    (conversation, mode, max_new_tokens, seed, row id), its rendered prompt + max_new_tokens at most the cache
+    length; done(index, Generation) is called as each reply ends (indices count on past the given
+    conversations, in the order more gave them). slots: `sampling.rollout`'s slot count.
     """
     tokenizer = self._chat_tokenizer()
     single = bool(conversations) and isinstance(conversations[0], Mapping)
     conversations = [conversations] if single else list(conversations)
-    rendered = [tokenizer.render(messages, mode, add_generation_prompt=True)[0] for messages in conversations]
+    per_row = lambda value, name: ([value] * len(conversations) if isinstance(value, (str, int)) else
+                                   _one_each(value, len(conversations), name))
+    modes, seeds = per_row(mode, 'mode'), per_row(seed, 'seed')
+    rendered = []
+    for k, (messages, row_mode) in enumerate(zip(conversations, modes)):
+      try:
+        rendered.append(tokenizer.render(tokenizer_lib.from_openai(messages), row_mode, add_generation_prompt=True)[0])
+      except ValueError as e:
+        raise ValueError(str(e) if single else f'conversations[{k}]: {e}') from None
+    earlier = collections.Counter()
+    row_ids = [earlier.update([s]) or earlier[s] - 1 for s in seeds]
+    rng = (jax.random.key(seeds[0]) if len(set(seeds)) == 1 and more is None else
+           jnp.stack([jax.random.key(s) for s in seeds]))
+    tool_fn = _tool_fn(tools, len(rendered))
+    if more is not None:
+      if tools is not None and not callable(tools):
+        raise ValueError('more: give tools as None or a tool_fn (database paths are per conversation)')
+      tool_fn = tools or sampling.agent_tools(collections.defaultdict(lambda: None))   # any row: no database
+      added = lambda free, cache: [
+          (tokenizer.render(tokenizer_lib.from_openai(messages), row_mode, add_generation_prompt=True)[0], budget,
+           jax.random.key(row_seed), row_id) for messages, row_mode, budget, row_seed, row_id in more(free, cache)]
     rollouts = sampling.rollout(
-        self.config, self.params, tokenizer, rendered, rng=jax.random.key(seed), max_new_tokens=max_new_tokens,
-        tool_fn=_tool_fn(tools, len(rendered)), max_tool_turns=max_tool_turns,
-        max_tool_result_tokens=max_tool_result_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-        decode_chunk=decode_chunk, check=check)
+        self.config, self.params, tokenizer, rendered, rng=rng, row_ids=row_ids,
+        max_new_tokens=per_row(max_new_tokens, 'max_new_tokens'), tool_fn=tool_fn,
+        max_tool_turns=max_tool_turns, max_tool_result_tokens=max_tool_result_tokens, temperature=temperature,
+        top_k=top_k, top_p=top_p, decode_chunk=decode_chunk, check=check, follow=follow, slots=slots,
+        more=added if more is not None else None,
+        done=(lambda index, rollout: done(index, self._generation(rollout))) if done is not None else None)
     generations = [self._generation(r) for r in rollouts]
     return generations[0] if single else generations
 
@@ -129,6 +170,7 @@ class Model:
     tokenizer = self._chat_tokenizer()
     if not replies:
       raise ValueError('replies is empty; give at least one reply to score')
+    messages = tokenizer_lib.from_openai(messages)
     rendered = [tokenizer.render([*messages, {'role': 'assistant', 'response': reply}], mode) for reply in replies]
     context = self.config.max_position_embeddings
     if (longest := max(len(ids) for ids, _ in rendered)) > context:
@@ -198,6 +240,12 @@ class Model:
                       finished=rollout.finished, overlong=rollout.overlong, rollout=rollout)
 
 
+def _one_each(values: Sequence[Any], count: int, name: str) -> list[Any]:
+  if len(values := list(values)) != count:
+    raise ValueError(f'{name}: {len(values)} values for {count} conversations; give one, or one per conversation')
+  return values
+
+
 def _tool_fn(tools: Tools, num_prompts: int) -> sampling.ToolFn:
   """The tool_fn of `Model.generate`'s `tools`; a database path that does not exist is a FileNotFoundError
   here, before any sampling (the sandbox would report it only as an SQL error inside each reply)."""
@@ -248,12 +296,46 @@ def _model_type_note(path: pathlib.Path) -> str:
           f'not one of {hf.MODEL_TYPES}')
 
 
+# A Hugging Face repo id, optionally at a revision (branch, tag or commit): 'org/name', 'org/name@v1'.
+_HUB_PART = r'[A-Za-z0-9_](?:[\w.-]*[A-Za-z0-9_])?'
+HUB_REPO_ID = re.compile(rf'(?P<repo>{_HUB_PART}/{_HUB_PART})(?:@(?P<revision>[\w./-]+))?')
+
+
+def hub_cache_dir() -> pathlib.Path:
+  """The Hugging Face hub cache as `hf download` run now would use it: $HF_HUB_CACHE, else $HF_HOME/hub, else
+  ~/.cache/huggingface/hub (read at each call, not at import as huggingface_hub.constants does)."""
+  if cache := os.environ.get('HF_HUB_CACHE') or os.environ.get('HUGGINGFACE_HUB_CACHE'):
+    return pathlib.Path(cache).expanduser()
+  home = os.environ.get('HF_HOME') or os.path.join(os.environ.get('XDG_CACHE_HOME') or '~/.cache', 'huggingface')
+  return pathlib.Path(home).expanduser() / 'hub'
+
+
+def _hub_snapshot(name: str, repo: str, revision: str | None) -> pathlib.Path:
+  """The cached snapshot directory of `repo` at `revision` (default: main), never touching the network; a
+  MissingFile naming the cache and the download command if it is not there."""
+  cache = hub_cache_dir()
+  try:
+    return pathlib.Path(huggingface_hub.snapshot_download(repo, revision=revision, cache_dir=cache,
+                                                          local_files_only=True))
+  except hub_errors.LocalEntryNotFoundError as e:
+    incomplete = isinstance(e, getattr(hub_errors, 'IncompleteSnapshotError', ()))
+    found = 'only partly' if incomplete else 'not'
+    command = f'hf download {repo}' + (f' --revision {revision}' if revision else '')
+    raise errors.MissingFile(
+        f'{name}: no such bundled model or directory, and {found} in the Hugging Face cache {cache} '
+        f'(revision {revision or "main"}); download it with `{command}` (luckystar never downloads)') from None
+
+
 def resolve(name_or_path: str | pathlib.Path) -> pathlib.Path:
-  """The directory of a bundled model name or a path; a MissingFile if there is none."""
-  path = BUNDLED_DIR / str(name_or_path) if str(name_or_path) in BUNDLED_MODELS else pathlib.Path(name_or_path)
-  if not path.exists():
-    raise errors.MissingFile(f'{path}: no such bundled model or directory; bundled models: {BUNDLED_MODELS}')
-  return path
+  """The directory of a bundled model name, a path, or a Hugging Face repo id ('org/name[@revision]') in the
+  local hub cache (`hub_cache_dir`); a MissingFile if there is none. A bundled name or an existing path wins."""
+  name = str(name_or_path)
+  path = BUNDLED_DIR / name if name in BUNDLED_MODELS else pathlib.Path(name_or_path)
+  if path.exists():
+    return path
+  if isinstance(name_or_path, str) and (repo_id := HUB_REPO_ID.fullmatch(name)):
+    return _hub_snapshot(name, repo_id['repo'], repo_id['revision'])
+  raise errors.MissingFile(f'{path}: no such bundled model or directory; bundled models: {BUNDLED_MODELS}')
 
 
 def open_hf(name_or_path: str | pathlib.Path, chat_format: str = 'auto', **config_overrides: Any
@@ -271,7 +353,9 @@ def open_hf(name_or_path: str | pathlib.Path, chat_format: str = 'auto', **confi
 def load(name_or_path: str | pathlib.Path, chat_format: str = 'auto', **config_overrides: Any) -> Model:
   """A bundled model name (`tiny-sft`, ...), a luckystar run/checkpoint directory (its latest
   checkpoint's params), or a transformers Cohere2/Cohere directory, float or int4 (compressed-tensors
-  pack-quantized, as `Model.save_hf(..., quantization="int4")` writes it: served from its int values).
+  pack-quantized, as `Model.save_hf(..., quantization="int4")` writes it: served from its int values),
+  also as a Hugging Face repo id ('org/name' or 'org/name@revision') already in the local hub cache
+  (`resolve`; nothing is downloaded).
 
   The tokenizer is the one the directory carries (a run directory's recorded one), in `chat_format`
   ('auto': detected from its special tokens; `luckystar.tokenizer.formats`).

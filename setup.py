@@ -26,6 +26,7 @@ setuptools.setup(
         'tensorstore>=0.1.70',
         'sentencepiece>=0.2,<0.3',
         'tokenizers>=0.22,<0.24',  # a checkpoint's own tokenizer.json (luckystar.tokenizer.codecs)
+        'huggingface-hub>=0.34,<3',  # 'org/name' from the local hub cache, offline; the `hf` CLI; tokenizers needs it too
         'ml-collections>=1.1,<2',
         'chex>=0.1.90',
         'aqtp>=0.9,<0.10',        # imports as aqt.jax.v2; the PyPI package `aqt` is unrelated
@@ -40,7 +41,7 @@ setuptools.setup(
         'tensorboardX>=2.6',
     ],
     extras_require={
-        'test': ['pytest>=8', 'pytest-xdist>=3.5', 'hypothesis>=6.100', 'nbclient>=0.10', 'nbformat>=5.10',
+        'test': ['pytest>=8', 'openai>=1.40', 'pytest-xdist>=3.5', 'hypothesis>=6.100', 'nbclient>=0.10', 'nbformat>=5.10',
                  'ipykernel>=6', 'champ-dataset>=1.0'],   # CHAMP competition math for the eval stage (MIT)
         # torch stays a range that the local CPU wheel torch==2.13.0 satisfies.
         'torch': ['torch>=2.4,<2.15', 'transformers>=5,<6', 'compressed-tensors>=0.20'],

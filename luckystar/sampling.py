@@ -1,4 +1,4 @@
-"""KV-cache sampler and the multi-turn tool rollout loop (DESIGN §4, §5).
+"""KV-cache sampler and the multi-turn tool rollout loop (docs/models.md, docs/rl.md).
 
 The decoder's state holds a fixed number of rows, each a sequence of its own length
 (`model.init_cache`: a cursor per row). Appending a right-padded chunk, row b taking
@@ -196,8 +196,12 @@ def chosen_logprobs(logits: Array, tokens: Array) -> Array:
 
 
 def row_keys(rng: Array, row_ids: Array, columns: Array) -> Array:
-  """[B] keys: row row_ids[b]'s draw at column columns[b] of its continuation (the module docstring's rule)."""
-  return jax.vmap(lambda row, column: jax.random.fold_in(jax.random.fold_in(rng, row), column))(row_ids, columns)
+  """[B] keys: row row_ids[b]'s draw at column columns[b] of its continuation (the module docstring's rule).
+  rng: one key, or [B] keys, one per row (rows of several requests, each with its own seed)."""
+  draw = lambda key, row, column: jax.random.fold_in(jax.random.fold_in(key, row), column)
+  if rng.ndim:
+    return jax.vmap(draw)(rng, row_ids, columns)
+  return jax.vmap(lambda row, column: draw(rng, row, column))(row_ids, columns)
 
 
 def choose_tokens(logits: Array, keys: Array, settings: SamplingSettings) -> tuple[Array, Array, Array]:
@@ -303,6 +307,12 @@ def _init_state(decoder: Decoder, *, batch: int, max_length: int) -> Any:
   return decoder.init(batch, max_length)
 
 
+@functools.partial(jax.jit, static_argnames=('decoder', 'batch', 'max_length'))
+def _grow(decoder: Decoder, state: Any, rows: Array, *, batch: int, max_length: int) -> Any:
+  """A state of `batch` rows whose first len(rows) rows are `state`'s, the rest empty."""
+  return decoder.put(decoder.init(batch, max_length), rows, state)
+
+
 @functools.partial(jax.jit, static_argnames=('decoder', 'slots'), donate_argnames=('state',))
 def _admit(decoder: Decoder, params: Any, state: Any, tokens: Array, lengths: Array, sources: Array, fresh: Array,
            targets: Array, picks: Array, *, slots: int) -> tuple[Array, Any]:
@@ -404,8 +414,8 @@ class Rollout:
   loss_mask is 1 on model-generated tokens and 0 on the spliced tool round trips; both log-prob
   arrays are 0 where the mask is 0. stop_reason: 'end_of_turn' (the assistant closed its turn),
   'action' (stopped at END_ACTION and tool_fn returned None: the action is the answer),
-  'tool_limit' (an action after max_tool_turns tool calls; the tool was not run) or 'overlong'
-  (the budget ran out first). finished = stop_reason != 'overlong'. thinking: the thinking sections
+  'tool_limit' (an action after max_tool_turns tool calls; the tool was not run), 'overlong'
+  (the budget ran out first) or 'cancelled' (`rollout`'s follow dropped it). finished = stop_reason != 'overlong'. thinking: the thinking sections
   of all its assistant turns, joined by a newline (None if none): an agent thinks in the turn that
   calls its tool, so the final turn alone may have none. tool_results: the text of each spliced tool
   result as the model read it (after the max_tool_result_tokens cut), in order; the language check
@@ -433,6 +443,7 @@ class Rollout:
 @dataclasses.dataclass
 class _Row:
   prompt: list[int]
+  budget: int             # the most tokens of its continuation, tool turns included
   ids: list[int] = dataclasses.field(default_factory=list)
   mask: list[int] = dataclasses.field(default_factory=list)
   logprobs: list[float] = dataclasses.field(default_factory=list)
@@ -446,11 +457,14 @@ class _Row:
 
 
 def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: tokenizer_lib.Tokenizer,
-            prompts: Sequence[Sequence[int]], *, rng: Array, max_new_tokens: int, tool_fn: ToolFn | None = None,
+            prompts: Sequence[Sequence[int]], *, rng: Array, max_new_tokens: int | Sequence[int],
+            tool_fn: ToolFn | None = None,
             max_tool_turns: int = 4, max_tool_result_tokens: int = 512, temperature: float = 1.0, top_k: int = 0,
             top_p: float = 1.0, length_multiple: int = 64, row_ids: Sequence[int] | None = None,
             slots: int | None = None, progress: Callable[[int], Any] | None = None, decode_chunk: int | None = None,
-            check: Callable[[], Any] | None = None) -> list[Rollout]:
+            check: Callable[[], Any] | None = None, follow: Callable[[int, 'Rollout'], bool] | None = None,
+            more: Callable[[int, int], Sequence[tuple[Sequence[int], int, Array, int]]] | None = None,
+            done: Callable[[int, 'Rollout'], Any] | None = None) -> list[Rollout]:
   """Generates each prompt's continuation, running tools between turns.
 
   prompts: rendered with add_generation_prompt=True. A row that stops at END_ACTION gets
@@ -474,7 +488,18 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
   decode_chunk (a server): the decode loop returns to the host every decode_chunk tokens, and the cache and
   appended chunks are powers of two long, so that any budget and prompt length reuse one of a few programs;
   the tokens are the same draws. check: called before each decode call; an exception it raises ends the
-  rollout (a server's client that hung up).
+  rollout (a server's client that hung up). follow (a server's streamed replies and per-row hang-ups): called
+  before each decode call as follow(row_index, the row's Rollout so far) for every row not yet ended; False
+  drops the row (its slot goes to the next prompt; its Rollout ends with stop_reason 'cancelled').
+
+  max_new_tokens: one budget, or one per prompt. rng: one key, or one key per prompt (each row's draws keyed
+  by its own key and row id: rows of several seeded requests sampled together, each as it would be alone).
+
+  more and done (a server's continuous batching; need decode_chunk and one key per prompt): before a decode
+  call with slots free that no waiting prompt takes, more(free slots, cache length) gives prompts to admit into them,
+  each (prompt, budget, key, row id), prompt + budget at most the cache length; they are rows len(prompts),
+  len(prompts) + 1, ... of the result; once they outnumber the slots, the slots grow to `slots` (rows kept).
+  done(row_index, its Rollout) is called as each row ends, so its caller need not wait for the rest.
 
   Several processes (params sharded over all of them): each calls this with the same prompts and runs the
   same host loop, so all make the same admissions and exits and call the same programs; the decode outputs
@@ -487,14 +512,23 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
     raise ValueError('every prompt needs at least one token (render it with add_generation_prompt=True)')
   decoder = as_decoder(model)
   settings = SamplingSettings(float(temperature), int(top_k), float(top_p))
-  rows = [_Row(prompt=list(p)) for p in prompts]
+  budgets = ([int(max_new_tokens)] * len(prompts) if np.ndim(max_new_tokens) == 0 else list(map(int, max_new_tokens)))
+  if len(budgets) != len(prompts) or min(budgets) < 1:
+    raise ValueError(f'max_new_tokens must be a positive int or one per prompt ({len(prompts)}), got {max_new_tokens}')
+  max_new_tokens = max(budgets)
+  if rng.ndim and rng.shape != (len(prompts),):
+    raise ValueError(f'rng must be one key or one per prompt ({len(prompts)}), got shape {rng.shape}')
+  rows = [_Row(prompt=list(p), budget=b) for p, b in zip(prompts, budgets)]
   ids = np.arange(len(rows), dtype=np.int32) if row_ids is None else np.asarray(list(row_ids), np.int32)
   if ids.shape != (len(rows),):
     raise ValueError(f'row_ids must hold {len(rows)} ints, one per prompt, got shape {ids.shape}')
+  if more is not None and not (decode_chunk and rng.ndim):
+    raise ValueError('more needs decode_chunk and one key per prompt')
   count = _round_up(_power_of_two(min(slots or len(rows), len(rows))), _batch_devices())
+  most = _round_up(_power_of_two(max(slots or len(rows), len(rows))), _batch_devices())   # slots more may grow to
   if decode_chunk:
     width = decode_chunk
-    cache = _power_of_two(max(max(map(len, prompts)) + max_new_tokens, length_multiple))
+    cache = _power_of_two(max(max(len(p) + b for p, b in zip(prompts, budgets)), length_multiple))
   else:
     width = _bucket(max_new_tokens, length_multiple)
     cache = _bucket(max(map(len, prompts)) + width, length_multiple)
@@ -504,6 +538,28 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
   feed: list[list[int]] = [[] for _ in range(count)]   # what a slot appends before it decodes again
   pending = collections.deque(range(len(rows)))
   while True:
+    if follow is not None:
+      for i in [*(i for i in occupant if i is not None), *pending]:
+        if not follow(i, _finish(rows[i], tokenizer)):
+          rows[i].stop_reason = 'cancelled'
+          if done is not None:
+            done(i, _finish(rows[i], tokenizer))
+      pending = collections.deque(i for i in pending if rows[i].stop_reason is None)
+      for slot in range(count):
+        if occupant[slot] is not None and rows[occupant[slot]].stop_reason == 'cancelled':
+          occupant[slot], feed[slot] = None, []
+    if more is not None and (free := most - sum(i is not None for i in occupant) - len(pending)) > 0:
+      for prompt, budget, key, row_id in more(free, cache):
+        if not prompt or not 1 <= budget <= cache - len(prompt):
+          raise ValueError(f'more: a prompt of {len(prompt)} tokens with budget {budget} does not fit the cache '
+                           f'of {cache}')
+        rows.append(_Row(prompt=list(prompt), budget=int(budget)))
+        pending.append(len(rows) - 1)
+        ids, rng = np.append(ids, np.int32(row_id)), jnp.concatenate([rng, jnp.asarray(key)[None]])
+      if sum(i is not None for i in occupant) + len(pending) > count:   # all the slots, the rows kept
+        grown = most   # straight there: a few programs, whatever the order requests come in
+        state = _grow(decoder, state, np.arange(count, dtype=np.int32), batch=grown, max_length=cache)
+        occupant, feed, count = occupant + [None] * (grown - count), feed + [[] for _ in range(grown - count)], grown
     fresh = np.zeros(count, bool)
     for slot in range(count):
       if occupant[slot] is None and pending:
@@ -524,20 +580,23 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
     last = np.array([feed[s][-1] if continuing[s] else 0 for s in range(count)], np.int32)
     exit_after = max(1, len(busy) // 4) if pending or tool_fn is not None else len(busy)
     out, state = _generate(decoder, params, state, logits, last, continuing,
-                           per_slot(lambda r: max_new_tokens - len(r.ids)), stops, rng,
+                           per_slot(lambda r: r.budget - len(r.ids)), stops,
+                           rng[np.array([i or 0 for i in occupant])] if rng.ndim else rng,
                            np.array([ids[i] if i is not None else 0 for i in occupant], np.int32),
                            per_slot(lambda r: len(r.ids)), np.int32(exit_after), max_new_tokens=width,
                            settings=settings)
     out = distributed.to_host(out)
     for slot in busy:
-      feed[slot] = _take_turn(rows[occupant[slot]], out, slot, tokenizer, tool_fn, max_new_tokens, max_tool_turns)
+      feed[slot] = _take_turn(rows[occupant[slot]], out, slot, tokenizer, tool_fn, max_tool_turns)
     calling = [slot for slot in busy if feed[slot] is None]   # stopped at an action, with a tool to call
     results = distributed.run_owned(lambda i: tool_fn(i, rows[i].actions[-1]), [occupant[s] for s in calling],
                                     len(rows))
     for slot, result in zip(calling, results):
-      feed[slot] = _splice(rows[occupant[slot]], result, tokenizer, max_new_tokens, max_tool_result_tokens)
+      feed[slot] = _splice(rows[occupant[slot]], result, tokenizer, max_tool_result_tokens)
     for slot in busy:
       if rows[occupant[slot]].stop_reason is not None:
+        if done is not None:
+          done(occupant[slot], _finish(rows[occupant[slot]], tokenizer))
         occupant[slot], feed[slot] = None, []
     if progress is not None:
       progress(sum(occupant[slot] is None for slot in busy))
@@ -607,7 +666,7 @@ def _power_of_two(value: int) -> int:
 
 
 def _take_turn(row: _Row, out: SampleOutput, slot: int, tokenizer: tokenizer_lib.Tokenizer, tool_fn: ToolFn | None,
-               max_new_tokens: int, max_tool_turns: int) -> list[int] | None:
+               max_tool_turns: int) -> list[int] | None:
   """Appends what slot `slot` generated for `row`; returns the tokens its slot appends before it decodes again
   (its last token), None when the row stopped at an action whose tool is to be called (`_splice`), or sets
   row.stop_reason when the row is done."""
@@ -636,8 +695,8 @@ def _take_turn(row: _Row, out: SampleOutput, slot: int, tokenizer: tokenizer_lib
   return None
 
 
-def _splice(row: _Row, result: str | None, tokenizer: tokenizer_lib.Tokenizer, max_new_tokens: int,
-            max_tool_result_tokens: int) -> list[int]:
+def _splice(row: _Row, result: str | None, tokenizer: tokenizer_lib.Tokenizer, max_tool_result_tokens: int
+            ) -> list[int]:
   """Splices the tool `result` of the row's last action in (None: there was no tool to run, the row ends);
   returns the tokens its slot appends before it decodes again (its last token, then the tool turn)."""
   if result is None:
@@ -647,8 +706,8 @@ def _splice(row: _Row, result: str | None, tokenizer: tokenizer_lib.Tokenizer, m
   body, text = tokenizer.tool_result_ids(result, max_tool_result_tokens)
   row.tool_results.append(text)
   splice = tokenizer.tool_round_trip(body)
-  if len(row.ids) + len(splice) >= max_new_tokens:  # no room left to answer
-    splice = splice[:max_new_tokens - len(row.ids)]
+  if len(row.ids) + len(splice) >= row.budget:  # no room left to answer
+    splice = splice[:row.budget - len(row.ids)]
     row.stop_reason = 'overlong'
   row.ids += splice
   row.mask += [0] * len(splice)

@@ -1,4 +1,4 @@
-"""OpenAI-compatible chat completions over anything `luckystar.load` reads (DESIGN §8), queried the way a
+"""OpenAI-compatible chat completions over anything `luckystar.load` reads (docs/training.md), queried the way a
 vLLM deployment of our export is.
 
     python -m luckystar.serve --init_from=tiny-sft --port=8000 [--host=127.0.0.1] [--model_name=NAME]
@@ -18,12 +18,17 @@ Decisions (docs/serving.md says them to users):
   message follows the mode's preamble, as `Tokenizer.render` lays it out.
 - Sampling defaults are OpenAI's and vLLM's on our export (its generation_config.json sets none):
   temperature 1, top_p 1; `temperature: 0` is greedy. A guided choice never samples.
-- Refused with 400 rather than ignored: `n` > 1, `stream`, `stop` sequences (the model stops at the end of
-  its turn). Other OpenAI fields (penalties, logprobs, response_format, tools) are accepted and ignored.
-- Model calls run one at a time under a lock: the sampler is batched, but the server's replies are not
-  gathered into batches (simple, and a reply does not depend on what else was asked at the same moment).
-  A request whose client hung up is skipped when its turn comes, and a reply being generated stops at the
-  next decode chunk (DECODE_CHUNK tokens); `/health` and `/v1/models` answer on the event loop, never behind
+- Refused with 400 rather than ignored: `stop` sequences (the model stops at the end of its turn), `n` past
+  MAX_N. Other OpenAI fields (penalties, logprobs, response_format, tools) are accepted and ignored.
+- `stream: true` is server-sent events of chat.completion.chunk objects, a delta per decode chunk holding only
+  text later tokens cannot change (`_stable`), so the deltas add up to the non-streamed reply.
+- One scheduler thread owns the model: it runs the request first in line as a continuous-batching rollout, and
+  the requests behind it with equal sampling settings join it as slots free up (at the next decode chunk; the
+  slots grow to MAX_SLOTS when needed), each answered as soon as its rows end; each row with its own conversation, mode,
+  budget, seed and row id (`Model.chat`), so a reply does not depend on what else was asked at the same moment.
+  A request that cannot join (other settings, a guided choice, a prompt past the rollout's cache) waits first in
+  line. `n` choices are n rows. A request whose client hung up is skipped, and a reply being generated stops at
+  the next decode chunk (DECODE_CHUNK tokens); `/health` and `/v1/models` answer on the event loop, never behind
   the queue.
 - Bounded work per request: the body is at most --max_request_bytes (413), nested at most
   `files.MAX_JSON_DEPTH` deep, its strings valid Unicode (400 naming the field); the prompt, prompt + budget
@@ -32,11 +37,16 @@ Decisions (docs/serving.md says them to users):
   loop runs in fixed chunks over a power-of-two cache, so new temperatures and budgets reuse a few compiled
   programs instead of compiling (and keeping) one each.
 - Without `--tools` an action comes back as OpenAI `tool_calls` (finish_reason 'tool_calls'); with it, the
-  built-in calculator runs inside the reply (`sampling.agent_tools`) and the final answer comes back.
+  built-in calculator runs inside the reply (`sampling.agent_tools`) and the final answer comes back, with the
+  calls that ran and their results in the non-standard `executed_tool_calls`.
 """
 
+import asyncio
+import collections
+import dataclasses
 import http
 import json
+import queue
 import secrets
 import socket
 import sys
@@ -62,6 +72,7 @@ import uvicorn
 
 from luckystar import errors
 from luckystar import files
+from luckystar import sampling
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.engine import loading
 from luckystar.tools import calls as calls_lib
@@ -71,9 +82,10 @@ DEFAULT_MODE = 'concise'        # API clients (a judge, a chat UI) want the answ
 DEFAULT_MAX_TOKENS = 256
 MAX_REQUEST_BYTES = 4 << 20     # a full 128k-token context is ~0.5 MB of text; the default --max_request_bytes
 MAX_CHOICES = 128               # a judge asks 2; each choice is a forward pass of prompt + choice
+MAX_N = 16                      # choices per request (`n`): each is a row of the batch
+MAX_SLOTS = 16                  # rows one rollout decodes at once (more requests wait for a free slot)
 DECODE_CHUNK = 32               # tokens between checks that the client still waits (and the decode program's width)
 GREEDY_BELOW = 1e-5             # vLLM's: a smaller temperature is greedy (dividing by it overflows the logits)
-ROLES = ('system', 'developer', 'user', 'assistant', 'tool')   # developer: OpenAI's newer name for system
 _PREAMBLE_MODES = {text: mode for mode, text in tokenizer_lib.PREAMBLES.items()}
 _ERROR_TYPES = {400: 'BadRequestError', 404: 'NotFoundError', 405: 'MethodNotAllowedError',
                 499: 'ClientClosedRequestError', 500: 'InternalServerError'}   # 499: nginx's; the client is gone
@@ -111,6 +123,10 @@ class StructuredOutputs(_Body):
   choice: list[str] | None = None
 
 
+class StreamOptions(_Body):
+  include_usage: bool = False
+
+
 class ChatRequest(_Body):
   """The body of POST /v1/chat/completions."""
   model: str | None = None
@@ -123,9 +139,10 @@ class ChatRequest(_Body):
   max_tokens: int | None = pydantic.Field(None, ge=1)
   max_completion_tokens: int | None = pydantic.Field(None, ge=1)   # OpenAI's newer name; wins over max_tokens
   seed: int | None = None
-  n: int | None = None
+  n: int = pydantic.Field(1, ge=1, le=MAX_N)
   stop: str | list[str] | None = None
   stream: bool | None = None
+  stream_options: StreamOptions | None = None
   guided_choice: list[str] | None = None
   structured_outputs: StructuredOutputs | None = None
 
@@ -150,33 +167,6 @@ def _no_tools(row: int, action: str) -> None:
   return None
 
 
-def _text(content: str | list[TextPart] | None) -> str | None:
-  return content if content is None or isinstance(content, str) else ''.join(part.text for part in content)
-
-
-def _assistant_turn(message: Message, where: str) -> dict:
-  """An OpenAI assistant message → our sections: reasoning_content → thinking, tool_calls → action, content →
-  response."""
-  turn = {'role': 'assistant', 'thinking': message.reasoning_content, 'response': _text(message.content)}
-  if message.tool_calls:
-    calls = []
-    for j, call in enumerate(message.tool_calls):
-      field = f'{where}.tool_calls[{j}].function.arguments'
-      try:   # bounded: the arguments are JSON text inside the body, as deep as a client likes
-        parameters = files.loads(call.function.arguments, field)
-      except errors.InvalidFile as e:
-        raise ServeError(400, f'{e}; function.arguments of {call.function.name[:200]!r} must be the JSON text of '
-                              f'an object') from None
-      if not isinstance(parameters, dict):
-        raise ServeError(400, f'{field}: function.arguments of {call.function.name[:200]!r} must be the JSON text '
-                              f'of an object, got {call.function.arguments[:200]!r}')
-      calls.append({'tool_name': call.function.name, 'parameters': parameters})
-    turn['action'] = json.dumps(calls[0] if len(calls) == 1 else calls, ensure_ascii=False)
-  if all(turn.get(name) is None for name in formats.SECTIONS):
-    raise ServeError(400, f'{where}: an assistant message needs content, reasoning_content or tool_calls')
-  return turn
-
-
 def conversation(request: ChatRequest) -> tuple[str, list[dict]]:
   """(mode, messages as `Tokenizer.render` reads them) of a request (module docstring: how the mode is chosen)."""
   mode = request.mode
@@ -184,17 +174,10 @@ def conversation(request: ChatRequest) -> tuple[str, list[dict]]:
     mode = request.chat_template_kwargs.get('mode')
   if mode is not None and mode not in tokenizer_lib.MODES:
     raise ServeError(400, f'mode: unknown mode {mode!r}; expected one of {list(tokenizer_lib.MODES)}')
-  messages = []
-  for i, message in enumerate(request.messages):
-    where = f'messages[{i}]'
-    if message.role not in ROLES:
-      raise ServeError(400, f'{where}.role: unknown role {message.role!r}; expected one of {list(ROLES)}')
-    if message.role == 'assistant':
-      messages.append(_assistant_turn(message, where))
-      continue
-    if (text := _text(message.content)) is None:
-      raise ServeError(400, f'{where}: a {message.role} message needs content')
-    messages.append({'role': 'system' if message.role == 'developer' else message.role, 'content': text})
+  try:   # the one conversion Model.chat makes too; its errors name the field
+    messages = tokenizer_lib.from_openai([message.model_dump(exclude_none=True) for message in request.messages])
+  except ValueError as e:
+    raise ServeError(400, str(e)) from None
   if messages and messages[0]['role'] == 'system' and messages[0]['content'].strip() in _PREAMBLE_MODES:
     mode = mode or _PREAMBLE_MODES[messages[0]['content'].strip()]
     messages = messages[1:]
@@ -227,10 +210,11 @@ def _tool_calls(calls: list[dict]) -> list[dict]:
           for call in calls]
 
 
-def reply_message(generation: loading.Generation) -> tuple[dict, str]:
+def reply_message(generation: loading.Generation, ran_tools: bool = False) -> tuple[dict, str]:
   """(OpenAI message, finish_reason) of a generated reply: content is the response section (a reply without
   one: its decoded text, or '' where it holds only thinking); reasoning_content the thinking; an action the
-  tools did not answer comes back as tool_calls."""
+  tools did not answer comes back as tool_calls. ran_tools (--tools): the message also has `executed_tool_calls`,
+  the calls that ran inside the reply, in order, each as a tool_call with its `result`."""
   rollout = generation.rollout
   calls = (calls_lib.parse_calls(generation.actions[-1])
            if rollout.stop_reason in ('action', 'tool_limit') else None)
@@ -241,37 +225,64 @@ def reply_message(generation: loading.Generation) -> tuple[dict, str]:
   message = {'role': 'assistant', 'content': content, 'reasoning_content': generation.thinking,
              'tool_calls': _tool_calls(calls) if calls is not None else []}
   finish = 'length' if rollout.overlong else 'tool_calls' if calls is not None else 'stop'
+  if ran_tools:
+    message['executed_tool_calls'] = [
+        {**call, 'result': result}
+        for action, result in zip(generation.actions, rollout.tool_results)
+        for call in _tool_calls(calls_lib.parse_calls(action) or [])]
   return message, finish
 
 
+@dataclasses.dataclass
+class _Job:
+  """One request's work for the scheduler: `rows` replies to one conversation (n), or a guided choice."""
+  messages: list[dict]
+  mode: str
+  rows: int = 1
+  prompt_tokens: int = 0
+  max_new_tokens: int = 0
+  settings: tuple = ()                # (temperature, top_k, top_p): requests with equal settings decode together
+  seed: int = 0
+  choices: list[str] | None = None
+  gone: threading.Event = dataclasses.field(default_factory=threading.Event)
+  follow: Callable[[int, sampling.Rollout], Any] | None = None   # a streamed reply: (choice index, reply so far)
+  done: threading.Event = dataclasses.field(default_factory=threading.Event)
+  result: Any = None
+  error: BaseException | None = None
+
+  def finish(self, result: Any = None, error: BaseException | None = None) -> None:
+    if error is None and self.gone.is_set():
+      error = ServeError(499, 'the client closed the connection before its reply was ready')
+    self.result, self.error = result, error
+    self.done.set()
+
+
 class _Completions:
-  """The endpoints' work on one model, one model call at a time."""
+  """The endpoints' work on one model. A scheduler thread owns the model and runs one continuous-batching
+  rollout at a time, which the waiting requests of its sampling settings join as slots free up (`_generate`),
+  so concurrent requests share the decode slots."""
 
   def __init__(self, model: loading.Model, model_name: str, tools: bool, max_tokens: int):
-    self.model, self.model_name, self.max_tokens = model, model_name, max_tokens
+    self.model, self.model_name, self.max_tokens, self.tools = model, model_name, max_tokens, tools
     self.tool_fn = None if tools else _no_tools      # None: Model.chat's built-in calculator
     self.created = int(time.time())
-    self.lock = threading.Lock()
+    self.lock = threading.Lock()      # held while the scheduler runs a batch (a test holds it to fill the queue)
+    self.waiting: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+    self.scheduler: threading.Thread | None = None
+    self.starting = threading.Lock()
+    self.held: collections.deque[_Job] = collections.deque()   # taken from the queue, first in line (scheduler's)
+    self.running: list[_Job] = []     # the jobs of the scheduler's current rollout
 
   def models(self) -> dict:
     return {'object': 'list', 'data': [{
         'id': self.model_name, 'object': 'model', 'created': self.created, 'owned_by': 'luckystar',
         'root': self.model_name, 'parent': None, 'max_model_len': self.model.config.max_position_embeddings}]}
 
-  def complete(self, request: ChatRequest, gone: threading.Event | None = None) -> dict:
-    """The reply to `request`; gone: set once its client hung up (the work then stops where it can)."""
-    def check():
-      if gone is not None and gone.is_set():
-        raise ServeError(499, 'the client closed the connection before its reply was ready')
-
-    check()
+  def prepare(self, request: ChatRequest) -> tuple[_Job, int]:
+    """(the job of a request, its prompt's token count), checked within every bound; a ServeError if not."""
     if request.model is not None and request.model != self.model_name:
       raise ServeError(404, f'The model `{request.model[:200]}` does not exist; this server serves '
                             f'`{self.model_name}`.')
-    if request.n not in (None, 1):
-      raise ServeError(400, f'n: only n=1 is supported, got {request.n}; send the request {request.n} times')
-    if request.stream:
-      raise ServeError(400, 'stream: streaming is not supported; send "stream": false')
     if request.stop:
       raise ServeError(400, 'stop: stop sequences are not supported; the model stops at the end of its turn')
     mode, messages = conversation(request)
@@ -292,19 +303,144 @@ class _Completions:
                             f'alone take {len(prompt)}. Please reduce the length of the messages.')
     if choices is not None:
       self._check_choices(messages, mode, field, choices)
-    with self.lock:
-      check()   # its client left while it queued: skipped
-      if choices is not None:
-        message, finish, completion_tokens = self._choose(messages, mode, choices)
-      else:
-        message, finish, completion_tokens = self._generate(
-            messages, mode, request, max_new_tokens=requested or min(self.max_tokens, context - len(prompt)),
-            check=check)
+      return _Job(messages, mode, rows=request.n, prompt_tokens=len(prompt), choices=choices), len(prompt)
+    temperature = 1.0 if request.temperature is None else request.temperature
+    temperature = 0.0 if temperature < GREEDY_BELOW else temperature
+    # top_k at or past the vocabulary keeps everything: off (one program rather than one per value)
+    top_k = request.top_k if request.top_k and 0 < request.top_k < self.model.config.vocab_size else 0
+    top_p = 1.0 if request.top_p is None else request.top_p
+    # No seed: a fresh draw per request, as OpenAI does (greedy replies ignore it).
+    seed = (secrets.randbits(31) if request.seed is None else request.seed % 2**31) if temperature else 0
+    settings = (0.0, 0, 1.0) if not temperature else (temperature, top_k, top_p)
+    return _Job(messages, mode, rows=request.n, prompt_tokens=len(prompt), settings=settings, seed=seed,
+                max_new_tokens=requested or min(self.max_tokens, context - len(prompt))), len(prompt)
+
+  def submit(self, job: _Job) -> _Job:
+    """Queues the job for the scheduler (started on the first job)."""
+    with self.starting:
+      if self.scheduler is None:
+        self.scheduler = threading.Thread(target=self._schedule, name='luckystar.serve scheduler', daemon=True)
+        self.scheduler.start()
+    self.waiting.put(job)
+    return job
+
+  def complete(self, request: ChatRequest, gone: threading.Event | None = None) -> dict:
+    """The reply to `request`; gone: set once its client hung up (the work then stops where it can)."""
+    if gone is not None and gone.is_set():
+      raise ServeError(499, 'the client closed the connection before its reply was ready')
+    job, prompt_tokens = self.prepare(request)
+    if request.stream:
+      raise ServeError(400, 'stream: this call answers whole replies; the endpoint streams')
+    job.gone = gone or job.gone
+    self.submit(job).done.wait()
+    if job.error is not None:
+      raise job.error
+    choices, completion_tokens = [], 0
+    for index, result in enumerate(job.result):
+      message, finish, tokens = result
+      choices.append({'index': index, 'message': message, 'logprobs': None, 'finish_reason': finish})
+      completion_tokens += tokens
     return {'id': f'chatcmpl-{uuid.uuid4().hex}', 'object': 'chat.completion', 'created': int(time.time()),
-            'model': self.model_name,
-            'choices': [{'index': 0, 'message': message, 'logprobs': None, 'finish_reason': finish}],
-            'usage': {'prompt_tokens': len(prompt), 'completion_tokens': completion_tokens,
-                      'total_tokens': len(prompt) + completion_tokens}}
+            'model': self.model_name, 'choices': choices,
+            'usage': {'prompt_tokens': prompt_tokens, 'completion_tokens': completion_tokens,
+                      'total_tokens': prompt_tokens + completion_tokens}}
+
+  def _next(self) -> _Job | None:
+    """The job first in line (held back by a rollout it could not join, else the queue's), None if none waits."""
+    if self.held:
+      return self.held.popleft()
+    try:
+      return self.waiting.get_nowait()
+    except queue.Empty:
+      return None
+
+  def _schedule(self) -> None:
+    """The scheduler thread: once the model is free, runs the job first in line, the jobs behind it joining its
+    rollout as slots free up (`_generate`)."""
+    while True:
+      first = self.held.popleft() if self.held else self.waiting.get()
+      with self.lock:
+        self.running = [first]
+        try:
+          self._run(first)
+        except BaseException as e:   # never leave a request waiting
+          logging.exception('luckystar.serve: the scheduler failed')
+          for job in self.running:
+            if not job.done.is_set():
+              job.finish(error=e)
+
+  def _run(self, first: _Job) -> None:
+    if first.gone.is_set():   # a client that left while its request queued: skipped
+      logging.warning('luckystar.serve: stopped a queued request before it ran: its client left')
+      first.finish()
+    elif first.choices is not None:
+      try:
+        first.finish(self._choose(first.messages, first.mode, first.choices) * first.rows)
+      except Exception as e:
+        first.finish(error=e)
+    else:
+      self._generate(first)
+
+  def _generate(self, first: _Job) -> None:
+    """The replies of `first` and of the jobs behind it with its sampling settings, as one continuous-batching
+    rollout: a job joins at the next decode chunk once slots are free, and is answered as soon as its rows end.
+    Each row decodes with its own conversation, mode, budget, seed and row id (`Model.chat`), so each reply is
+    the one it would be alone. The slots grow to MAX_SLOTS once the rows outnumber them."""
+    owners = [(first, row) for row in range(first.rows)]
+    replies: dict[int, list] = {id(first): [None] * first.rows}
+
+    def more(free: int, cache: int) -> list[tuple]:
+      added = []
+      while (job := self._next()) is not None:
+        if job.gone.is_set():
+          logging.warning('luckystar.serve: stopped a queued request before it ran: its client left')
+          job.finish()
+          continue
+        if (job.choices is not None or job.settings != first.settings or job.rows > free
+            or job.prompt_tokens + job.max_new_tokens > cache):
+          self.held.appendleft(job)   # first in line: no job behind it joins before it runs
+          break
+        free -= job.rows
+        self.running.append(job)
+        replies[id(job)] = [None] * job.rows
+        owners.extend((job, row) for row in range(job.rows))
+        added += [(job.messages, job.mode, job.max_new_tokens, job.seed, row) for row in range(job.rows)]
+      return added
+
+    def done(index: int, generation: loading.Generation) -> None:
+      job, row = owners[index]
+      try:
+        replies[id(job)][row] = (*reply_message(generation, self.tools), len(generation.rollout.token_ids))
+      except Exception as e:   # this job's failure, not its neighbours'
+        job.finish(error=e)
+      if not job.done.is_set() and all(reply is not None for reply in replies[id(job)]):
+        job.finish(replies[id(job)])
+
+    def check():
+      if all(job.gone.is_set() for job in self.running if not job.done.is_set()):
+        logging.warning('luckystar.serve: stopped %d replies at a decode chunk: their clients left', len(owners))
+        raise ServeError(499, 'the client closed the connection before its reply was ready')
+
+    def follow(index: int, so_far: sampling.Rollout) -> bool:
+      job, row = owners[index]
+      if job.gone.is_set():
+        logging.warning('luckystar.serve: stopped a reply after %d tokens: its client left', len(so_far.token_ids))
+        return False
+      if job.follow is not None:
+        job.follow(row, so_far)
+      return True
+
+    temperature, top_k, top_p = first.settings
+    try:
+      check()
+      self.model.chat(
+          [first.messages] * first.rows, first.mode, max_new_tokens=first.max_new_tokens, temperature=temperature,
+          top_k=top_k, top_p=top_p, seed=first.seed, tools=self.tool_fn, decode_chunk=DECODE_CHUNK, check=check,
+          follow=follow, slots=MAX_SLOTS, more=more, done=done)
+    except Exception as e:
+      for job in self.running:
+        if not job.done.is_set():
+          job.finish(error=e)
 
   def _check_choices(self, messages: list[dict], mode: str, field: str, choices: list[str]) -> None:
     """Each choice as the reply must fit the context (scoring one past it fails, and a huge one costs memory)."""
@@ -316,27 +452,12 @@ class _Completions:
                               f'messages with this choice as the reply take {length}. Please shorten the choice or '
                               f'the messages.')
 
-  def _generate(self, messages: list[dict], mode: str, request: ChatRequest, max_new_tokens: int,
-                check: Callable[[], None]) -> tuple[dict, str, int]:
-    temperature = 1.0 if request.temperature is None else request.temperature
-    temperature = 0.0 if temperature < GREEDY_BELOW else temperature
-    # top_k at or past the vocabulary keeps everything: off (one program rather than one per value)
-    top_k = request.top_k if request.top_k and 0 < request.top_k < self.model.config.vocab_size else 0
-    # No seed: a fresh draw per request, as OpenAI does (greedy replies ignore it).
-    seed = (secrets.randbits(31) if request.seed is None else request.seed % 2**31) if temperature else 0
-    generation = self.model.chat(
-        messages, mode, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-        top_p=1.0 if request.top_p is None else request.top_p, seed=seed, tools=self.tool_fn,
-        decode_chunk=DECODE_CHUNK, check=check)
-    message, finish = reply_message(generation)
-    return message, finish, len(generation.rollout.token_ids)
-
-  def _choose(self, messages: list[dict], mode: str, choices: list[str]) -> tuple[dict, str, int]:
-    """The most likely choice (the first of equals), scored as the whole reply."""
+  def _choose(self, messages: list[dict], mode: str, choices: list[str]) -> list[tuple[dict, str, int]]:
+    """The most likely choice (the first of equals), scored as the whole reply (every one of n the same)."""
     best = choices[int(self.model.reply_logprobs(messages, choices, mode).argmax())]
     _, reply_mask = self.model.tokenizer.render([{'role': 'assistant', 'response': best}], mode)
     message = {'role': 'assistant', 'content': best, 'reasoning_content': None, 'tool_calls': []}
-    return message, 'stop', sum(reply_mask)   # the tokens of the reply's turn after its header
+    return [(message, 'stop', sum(reply_mask))]   # the tokens of the reply's turn after its header
 
   def warm_up(self) -> None:
     """Compiles the programs a short greedy reply, a sampled one and a two-way choice use."""
@@ -344,6 +465,97 @@ class _Completions:
     self.complete(ChatRequest(messages=hello, temperature=0))
     self.complete(ChatRequest(messages=hello, temperature=1, max_tokens=DECODE_CHUNK))
     self.complete(ChatRequest(messages=hello, guided_choice=['YES', 'NO']))
+
+
+def _sse(value: dict) -> bytes:
+  return b'data: ' + json.dumps(value, ensure_ascii=False).encode() + b'\n\n'
+
+
+def _stable(text: str | None) -> str:
+  """The part of a partly decoded text that more tokens cannot change: without a trailing replacement character
+  (the first bytes of a multi-byte UTF-8 character whose last bytes are still to come)."""
+  return (text or '').rstrip('\ufffd')
+
+
+class _Deltas:
+  """A streamed choice: what of its reasoning and content the client has, and the delta that brings it up to a
+  reply so far (only text every later decoding extends, so the deltas add up to the whole reply)."""
+
+  def __init__(self):
+    self.sent = {'reasoning_content': '', 'content': ''}
+
+  def delta(self, reasoning: str | None, content: str | None) -> dict:
+    out = {}
+    for name, text in (('reasoning_content', reasoning), ('content', content)):
+      if text and text.startswith(self.sent[name]) and len(text) > len(self.sent[name]):
+        out[name], self.sent[name] = text[len(self.sent[name]):], text
+    return out
+
+
+async def stream_completion(completions: _Completions, request: ChatRequest, gone: threading.Event
+                            ) -> Any:
+  """The server-sent events of a streamed reply (OpenAI's chat.completion.chunk): a chunk with the role, deltas
+  of reasoning_content and content as the decode chunks come, a last chunk per choice with its tool_calls and
+  finish_reason, usage if stream_options.include_usage, then [DONE]."""
+  job, prompt_tokens = await starlette.concurrency.run_in_threadpool(completions.prepare, request)
+  loop = asyncio.get_running_loop()
+  updates: asyncio.Queue = asyncio.Queue()
+  job.gone = gone
+  job.follow = lambda row, so_far: loop.call_soon_threadsafe(
+      updates.put_nowait, (row, _stable(so_far.thinking), _stable(so_far.final_turn.response)))
+  finished = lambda: loop.call_soon_threadsafe(updates.put_nowait, None)
+
+  async def events():
+    head = {'id': f'chatcmpl-{uuid.uuid4().hex}', 'object': 'chat.completion.chunk', 'created': int(time.time()),
+            'model': completions.model_name}
+    chunk = lambda choices, **more: _sse({**head, 'choices': choices, **more})
+    yield chunk([{'index': i, 'delta': {'role': 'assistant', 'content': ''}, 'logprobs': None, 'finish_reason': None}
+                 for i in range(job.rows)])
+    deltas = [_Deltas() for _ in range(job.rows)]
+    waiter = threading.Thread(target=lambda: (job.done.wait(), finished()), daemon=True)
+    completions.submit(job)
+    waiter.start()
+    while (update := await updates.get()) is not None:
+      row, reasoning, content = update
+      if delta := deltas[row].delta(reasoning, content):
+        yield chunk([{'index': row, 'delta': delta, 'logprobs': None, 'finish_reason': None}])
+    if job.error is not None:
+      status = getattr(job.error, 'status', 500)
+      if status == 500:
+        logging.error('luckystar.serve: a streamed reply failed: %r', job.error)
+      yield _sse({'error': {'message': str(job.error)[:300], 'type': _ERROR_TYPES.get(status, 'InternalServerError'),
+                            'param': None, 'code': status}})
+      return
+    completion_tokens = 0
+    for row, (message, finish, tokens) in enumerate(job.result):
+      completion_tokens += tokens
+      delta = deltas[row].delta(message['reasoning_content'], message['content'])
+      if message['tool_calls']:
+        delta['tool_calls'] = [{'index': i, **call} for i, call in enumerate(message['tool_calls'])]
+      if 'executed_tool_calls' in message:
+        delta['executed_tool_calls'] = message['executed_tool_calls']
+      yield chunk([{'index': row, 'delta': delta, 'logprobs': None, 'finish_reason': finish}])
+    if request.stream_options is not None and request.stream_options.include_usage:
+      yield chunk([], usage={'prompt_tokens': prompt_tokens, 'completion_tokens': completion_tokens,
+                             'total_tokens': prompt_tokens + completion_tokens})
+    yield b'data: [DONE]\n\n'
+
+  return _EventStream(events(), gone)
+
+
+class _EventStream(starlette.responses.StreamingResponse):
+  """Server-sent events whose `gone` is set once the response ends, finished or cut off by the client (the
+  scheduler then drops its rows at the next decode chunk)."""
+
+  def __init__(self, events: Any, gone: threading.Event):
+    super().__init__(events, media_type='text/event-stream', headers={'Cache-Control': 'no-cache'})
+    self.gone = gone
+
+  async def __call__(self, scope, receive, send) -> None:
+    try:
+      await super().__call__(scope, receive, send)
+    finally:
+      self.gone.set()
 
 
 def _problem(error: dict) -> str:
@@ -492,7 +704,9 @@ def build_app(model: loading.Model, model_name: str, *, tools: bool = False, max
   bounded = fastapi.APIRouter(route_class=_BoundedBodyRoute)
 
   @bounded.post('/v1/chat/completions')
-  async def chat_completions(body: ChatRequest, request: fastapi.Request) -> dict:
+  async def chat_completions(body: ChatRequest, request: fastapi.Request) -> Any:
+    if body.stream:
+      return await stream_completion(completions, body, threading.Event())
     return await _unless_gone(request, completions.complete, body)
 
   api.include_router(bounded)

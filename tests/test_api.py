@@ -123,3 +123,47 @@ def test_generate_refuses_a_missing_database_before_sampling(chat_model, tmp_pat
   existing.write_bytes(b'')
   with pytest.raises(Sampled):   # an existing database (and None for no database) goes on to sampling
     chat_model.generate(['hi', 'there'], tools=[existing, None])
+
+
+def test_chat_reads_openai_messages_as_our_sections(chat_model):
+  openai_shaped = [
+      {'role': 'developer', 'content': 'Be brief.'},
+      {'role': 'user', 'content': [{'type': 'text', 'text': 'What is '}, {'type': 'text', 'text': '2+3?'}]},
+      {'role': 'assistant', 'reasoning_content': 'Add them.', 'content': None, 'tool_calls': [
+          {'id': 'call_1', 'type': 'function',
+           'function': {'name': 'calculator', 'arguments': '{"expression": "2+3"}'}}]},
+      {'role': 'tool', 'tool_call_id': 'call_1', 'content': '5'},
+      {'role': 'assistant', 'content': [{'type': 'text', 'text': '5'}]},
+      {'role': 'user', 'content': 'And 2*3?'}]
+  ours = [
+      {'role': 'system', 'content': 'Be brief.'},
+      {'role': 'user', 'content': 'What is 2+3?'},
+      {'role': 'assistant', 'thinking': 'Add them.',
+       'action': '{"tool_name": "calculator", "parameters": {"expression": "2+3"}}'},
+      {'role': 'tool', 'content': '5'},
+      {'role': 'assistant', 'response': '5'},
+      {'role': 'user', 'content': 'And 2*3?'}]
+  tok = chat_model.tokenizer
+  assert tok.render(tokenizer_lib.from_openai(openai_shaped), 'concise') == tok.render(ours, 'concise')
+  theirs, mine = (chat_model.chat(messages, 'concise', max_new_tokens=8, temperature=1.0, seed=3)
+                  for messages in (openai_shaped, ours))
+  assert theirs.rollout.token_ids.tolist() == mine.rollout.token_ids.tolist()
+  assert theirs.text == mine.text
+  assert chat_model.reply_logprobs(openai_shaped, ['5', '6']).tolist() == chat_model.reply_logprobs(ours, ['5', '6']).tolist()
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize('messages, field', [
+    ([{'role': 'robot', 'content': 'hi'}], "messages[0].role: unknown role 'robot'"),
+    ([{'role': 'user'}], 'messages[0]: a user message needs content'),
+    ([{'role': 'user', 'content': 'hi'}, {'role': 'assistant'}], 'messages[1]: an assistant message needs content'),
+    ([{'role': 'user', 'content': 'hi'}, {'role': 'assistant', 'tool_calls': [
+        {'type': 'function', 'function': {'name': 'calculator', 'arguments': '[1]'}}]}],
+     r'messages\[1\].tool_calls\[0\].function.arguments: function.arguments of .calculator. must be the JSON text'),
+    ([{'role': 'user', 'content': [{'type': 'image_url', 'image_url': 'x'}]}], r'messages\[0\].content\[0\]: only text'),
+    ([{'role': 'user', 'content': 'hi'}, {'role': 'assistant', 'content': 'a', 'response': 'b'}],
+     'messages[1]: both content and response'),
+])
+def test_openai_message_errors_name_the_field(messages, field):
+  with pytest.raises(ValueError, match=field if '\\' in field else field.replace('[', r'\[').replace(']', r'\]')):
+    tokenizer_lib.from_openai(messages)

@@ -125,6 +125,9 @@ def test_an_action_comes_back_as_tool_calls_or_runs_with_tools(client, model):
   assert ran.rollout.tool_results and ran.response is not None
   assert reply['finish_reason'] == 'stop' and reply['message']['tool_calls'] == []
   assert reply['message']['content'] == ran.text
+  executed = reply['message']['executed_tool_calls']   # the calls that ran inside the reply, with their results
+  assert [call['function']['name'] for call in executed] == ['calculator'] * len(ran.rollout.tool_results)
+  assert [call['result'] for call in executed] == ran.rollout.tool_results
 
 
 def direct_logprob(model, messages, reply, mode):
@@ -168,8 +171,8 @@ BAD_REQUESTS = {
     'unknown role': ({'messages': [{'role': 'robot', 'content': 'hi'}]}, 400, "messages[0].role: unknown role 'robot'"),
     'no content': ({'messages': [{'role': 'user'}]}, 400, 'messages[0]: a user message needs content'),
     'late system message': ({'messages': [user('hi'), system('x')]}, 400, 'at most one system message'),
-    'n=2': ({'messages': [user('hi')], 'n': 2}, 400, 'only n=1'),
-    'stream': ({'messages': [user('hi')], 'stream': True}, 400, 'streaming is not supported'),
+    'n=0': ({'messages': [user('hi')], 'n': 0}, 400, 'n: Input should be greater than or equal to 1'),
+    'n past the limit': ({'messages': [user('hi')], 'n': serve.MAX_N + 1}, 400, 'n: Input should be less than'),
     'stop': ({'messages': [user('hi')], 'stop': ['\n']}, 400, 'stop sequences are not supported'),
     'unknown mode': ({'messages': [user('hi')], 'mode': 'fast'}, 400, "unknown mode 'fast'"),
     'negative temperature': ({'messages': [user('hi')], 'temperature': -1}, 400, 'temperature'),

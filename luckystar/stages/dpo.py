@@ -1,4 +1,4 @@
-"""Offline DPO for conciseness and language (DESIGN §5, paper §2.5; Rafailov et al. 2023).
+"""Offline DPO for conciseness and language (docs/rl.md, paper §2.5; Rafailov et al. 2023).
 
     python -m luckystar.main --config=configs/dpo.py --workdir=runs/dpo
 

@@ -1,4 +1,4 @@
-"""Rejection sampling, the cold start (DESIGN §5, paper §2.3): best-of-N from a teacher with the real
+"""Rejection sampling, the cold start (docs/rl.md, paper §2.3): best-of-N from a teacher with the real
 SQL tool, verified against the gold; every verified-correct trace is kept (deduplicated), and for
 Korean prompts only those with English thinking and a Korean response. The output is an SFT data
 file for the hybrid SFT mixture (`rs_traces:DIR/rs_traces.jsonl` in `config.sft.sources`).
@@ -96,7 +96,7 @@ def trace_decisions(prompt_language: str, candidates: Sequence[Candidate]) -> li
   """For one prompt's samples, in order: KEPT, or the first of DROP_REASONS that applies.
 
   Every verified-correct, finished trace is kept once (the first of equal token ids); for a Korean
-  prompt it must also think in English and respond in Korean (DESIGN §5), as `language.thinking_language`
+  prompt it must also think in English and respond in Korean (docs/rl.md), as `language.thinking_language`
   and `language.detect` read them (mixed or empty text fails)."""
   seen, decisions = set(), []
   for candidate in candidates:

@@ -1,4 +1,4 @@
-"""RLVR with RLOO (DESIGN §5, paper §2.4; Ahmadian et al. 2024): the method's math.
+"""RLVR with RLOO (docs/rl.md, paper §2.4; Ahmadian et al. 2024): the method's math.
 
 k rollouts per prompt are scored by the verifiers (reward = correctness − penalty·language mismatch).
 Overlong rollouts are dropped: out of the baseline and out of the loss. Each survivor's baseline is
@@ -159,7 +159,7 @@ def training_batch(prompts: Sequence[Sequence[int]], groups: Sequence[Sequence[r
 
 def rollout_metrics(groups: Sequence[Sequence[rollouts.Scored]], zero_variance: np.ndarray, prefix: str = 'train'
                     ) -> dict:
-  """DESIGN §8's RL batch figures: reward, correctness, pass rate, Korean→English mismatch, response
+  """docs/training.md's RL batch figures: reward, correctness, pass rate, Korean→English mismatch, response
   length, overlong fraction, zero-variance groups, unscorable rollouts."""
   flat = [s for group in groups for s in group]
   mean = evals.mean

@@ -16,8 +16,9 @@ import functools
 import hashlib
 import io
 import os
+import json
 import pathlib
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from luckystar import files
 from luckystar.tokenizer import codecs
@@ -41,6 +42,77 @@ PREAMBLES = {
                 'and briefly, in the language of the user.'),
 }
 MODES = tuple(PREAMBLES)
+ROLES = ('system', 'developer', 'user', 'assistant', 'tool')   # developer: OpenAI's newer name for system
+_OURS_FOR_OPENAI = {'reasoning_content': 'thinking', 'tool_calls': 'action', 'content': 'response'}
+
+
+def from_openai(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
+  """Messages in OpenAI's chat shape (or ours, or a mix) → messages as `Tokenizer.render` reads them.
+
+  An assistant message's `reasoning_content` becomes its thinking section, `tool_calls` (OpenAI's function
+  calls, arguments the JSON text of an object) its action, `content` its response; our `thinking` / `action` /
+  `response` pass through. `content` may be a string or a list of text parts; `developer` is a system message;
+  `tool` messages keep their content. A ValueError names the field ('messages[1].tool_calls[0].function.arguments').
+  """
+  converted = []
+  for i, message in enumerate(messages):
+    where = f'messages[{i}]'
+    if not isinstance(message, Mapping):
+      raise ValueError(f'{where}: a message is a dict with a role, got {type(message).__name__}')
+    role = message.get('role')
+    if role not in ROLES:
+      raise ValueError(f'{where}.role: unknown role {role!r}; expected one of {list(ROLES)}')
+    if role == 'assistant':
+      converted.append(_assistant_turn(message, where))
+      continue
+    if (text := _text(message.get('content'), f'{where}.content')) is None:
+      raise ValueError(f'{where}: a {role} message needs content')
+    converted.append({'role': 'system' if role == 'developer' else role, 'content': text})
+  return converted
+
+
+def _text(content: Any, where: str) -> str | None:
+  """A message's content: a string, or OpenAI's list of text parts joined."""
+  if content is None or isinstance(content, str):
+    return content
+  if not isinstance(content, (list, tuple)):
+    raise ValueError(f'{where}: content is a string or a list of text parts, got {type(content).__name__}')
+  for j, part in enumerate(content):
+    if not (isinstance(part, Mapping) and part.get('type') == 'text' and isinstance(part.get('text'), str)):
+      raise ValueError(f'{where}[{j}]: only text parts ({{"type": "text", "text": ...}}) are supported')
+  return ''.join(part['text'] for part in content)
+
+
+def _assistant_turn(message: Mapping[str, Any], where: str) -> dict:
+  for theirs, ours in _OURS_FOR_OPENAI.items():
+    if message.get(theirs) and message.get(ours) is not None:   # an empty list of tool_calls is no action
+      raise ValueError(f'{where}: both {theirs} and {ours} give its {ours} section; give one')
+  content = _text(message.get('content'), f'{where}.content')
+  turn = {'role': 'assistant', 'thinking': message.get('reasoning_content', message.get('thinking')),
+          'action': message.get('action'), 'response': content if content is not None else message.get('response')}
+  if calls := message.get('tool_calls'):
+    turn['action'] = json.dumps([_call(call, f'{where}.tool_calls[{j}]') for j, call in enumerate(calls)]
+                                if len(calls) > 1 else _call(calls[0], f'{where}.tool_calls[0]'), ensure_ascii=False)
+  if all(turn[name] is None for name in formats.SECTIONS):
+    raise ValueError(f'{where}: an assistant message needs content, reasoning_content or tool_calls')
+  return turn
+
+
+def _call(call: Any, where: str) -> dict:
+  """An OpenAI tool call → our action's {tool_name, parameters}."""
+  function = call.get('function') if isinstance(call, Mapping) else None
+  if not (isinstance(function, Mapping) and isinstance(function.get('name'), str)):
+    raise ValueError(f'{where}: a tool call is {{"type": "function", "function": {{"name": ..., "arguments": ...}}}}')
+  name, arguments = function['name'], function.get('arguments', '{}')
+  if isinstance(arguments, str):   # bounded: the arguments are JSON text, as deep as a client likes
+    try:
+      arguments = files.loads(arguments, f'{where}.function.arguments')
+    except ValueError as e:
+      raise ValueError(f'{e}; function.arguments of {name[:200]!r} must be the JSON text of an object') from None
+  if not isinstance(arguments, Mapping):
+    raise ValueError(f'{where}.function.arguments: function.arguments of {name[:200]!r} must be the JSON text of an '
+                     f'object, got {str(function.get("arguments"))[:200]!r}')
+  return {'tool_name': name, 'parameters': dict(arguments)}
 
 Codec = codecs.SentencePiece | codecs.Tokenizers
 

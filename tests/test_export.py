@@ -180,10 +180,12 @@ TRICKY_TEXTS = ['  two  spaces ', '\ttab\n\nnewlines\n', '이모지 😀 🚀 an
 
 
 @pytest.fixture(scope='module')
-def hf_tokenizer_dir(model, tmp_path_factory):
-  from luckystar import tokenizer as tokenizer_lib
+def hf_tokenizer_dir(tmp_path_factory):
+  # The model's vocabulary must hold the tokenizer's ids: `luckystar.load` refuses a tokenizer of another model.
+  tokenizer = tokenizer_lib.default()
+  config = CONFIG.replace(vocab_size=tokenizer.vocab_size)
   path = tmp_path_factory.mktemp('tokenizer') / 'hf'
-  api.Model(model.config, model.params, tokenizer_lib.default()).save_hf(path)
+  api.Model(config, model_lib.init(config, jax.random.key(0)), tokenizer).save_hf(path)
   return path
 
 

@@ -52,8 +52,9 @@ def test_two_processes_give_the_one_process_loss_curve(runs):
 
 
 def test_every_process_writes_and_restores_the_checkpoint(runs):
-  for code, log in runs['crashed']:
-    assert code == -signal.SIGKILL, log[-3000:]
+  for code, log in runs['crashed']:   # each kills itself after step 3; jax.distributed aborts one whose peer died first
+    assert code in (-signal.SIGKILL, -signal.SIGABRT), log[-3000:]
+  assert -signal.SIGKILL in [code for code, _ in runs['crashed']]
   assert runs['after_crash'] == ['2']
   assert len([n for n in runs['data_files'] if n.startswith('process_')]) == PROCESSES, runs['data_files']
   for code, log in runs['resumed']:

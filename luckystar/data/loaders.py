@@ -6,7 +6,6 @@ Every loader names the file and line of a malformed record, as a `DataError`: a 
 
 import bisect
 import json
-import math
 import pathlib
 import re
 from typing import Any, Iterator
@@ -158,10 +157,10 @@ def _check_database(db_path: pathlib.Path, name: str, database_dir: pathlib.Path
 
 
 def _answer(record: dict, path, line) -> str:
-  """A math answer as text: a string, or a finite number (a bool or NaN is no answer; a long integer that
-  `files.loads` kept as its digits is one)."""
+  """A math answer as text: a string, or a number (a bool is no answer; `files.loads` already refused NaN and
+  infinities, and kept a long integer as its digits)."""
   answer = _field(record, ('answer',), path, line, kind=(str, int, float))
-  if isinstance(answer, bool) or (isinstance(answer, float) and not math.isfinite(answer)):
+  if isinstance(answer, bool):
     raise DataError(f'{path}:{line}: field \'answer\' must be a non-empty string or a finite number, got '
                     f'{json.dumps(answer)}')
   return str(answer)

@@ -42,7 +42,8 @@ setuptools.setup(
     ],
     extras_require={
         'test': ['pytest>=8', 'openai>=1.40', 'pytest-xdist>=3.5', 'hypothesis>=6.100', 'nbclient>=0.10', 'nbformat>=5.10',
-                 'ipykernel>=6', 'champ-dataset>=1.0'],   # CHAMP competition math for the eval stage (MIT)
+                 'ipykernel>=6', 'champ-dataset>=1.0',   # CHAMP competition math for the eval stage (MIT)
+                 'cohere-melody>=0.15,<0.16'],   # Cohere's own renderer: the oracle of our Cohere layout (MIT)
         # torch stays a range that the local CPU wheel torch==2.13.0 satisfies.
         'torch': ['torch>=2.4,<2.15', 'transformers>=5,<6', 'compressed-tensors>=0.20'],
         # `python -m luckystar.serve` (tested: fastapi 0.165, starlette 1.10, uvicorn 0.55); httpx2 is the client

@@ -49,7 +49,7 @@ from luckystar.tools import sql as sql_tool
 
 Array = jax.Array
 PAD_ID = 0  # written after a row stops, and used to right-pad chunks (never attended to)
-ToolFn = Callable[[int, str], 'str | None']
+ToolFn = Callable[[int, str], 'str | Sequence[str] | None']
 
 
 class SamplingProgram(NamedTuple):
@@ -453,6 +453,7 @@ class _Row:
   tool_results: list[str] = dataclasses.field(default_factory=list)
   turn_start: int = 0     # where the current assistant turn starts in ids
   calling_thinking: str | None = None   # the thinking of the turn whose tool is being called
+  calling_ids: tuple[str, ...] = ()     # the ids that turn's action gave its calls (a numbered-calls format)
   stop_reason: str | None = None
 
 
@@ -468,8 +469,9 @@ def rollout(model: 'model_lib.ModelConfig | Decoder', params: Any, tokenizer: to
   """Generates each prompt's continuation, running tools between turns.
 
   prompts: rendered with add_generation_prompt=True. A row that stops at END_ACTION gets
-  `tool_fn(row_index, action_text)`: a string is the tool result, spliced in as `Tokenizer.tool_round_trip`
-  (cut to max_tool_result_tokens tokens) before generation resumes; None, or no tool_fn, ends
+  `tool_fn(row_index, action_text)`: the tool results (one string, or one per call), spliced in as
+  `Tokenizer.tool_round_trip` (each cut to max_tool_result_tokens tokens) before generation resumes; None, or
+  no tool_fn, ends
   the row. max_new_tokens bounds the whole continuation, spliced tool turns included, so a
   sequence never exceeds prompt + max_new_tokens.
 
@@ -685,7 +687,7 @@ def _take_turn(row: _Row, out: SampleOutput, slot: int, tokenizer: tokenizer_lib
     return []
   turn = tokenizer.parse_assistant(row.ids[row.turn_start:])   # stopped at END_ACTION
   row.actions.append(turn.action or '')
-  row.calling_thinking = turn.thinking
+  row.calling_thinking, row.calling_ids = turn.thinking, turn.call_ids
   if len(row.tool_results) == max_tool_turns:
     row.stop_reason = 'tool_limit'
     return []
@@ -695,15 +697,15 @@ def _take_turn(row: _Row, out: SampleOutput, slot: int, tokenizer: tokenizer_lib
   return None
 
 
-def _splice(row: _Row, result: str | None, tokenizer: tokenizer_lib.Tokenizer, max_tool_result_tokens: int
-            ) -> list[int]:
+def _splice(row: _Row, result: str | Sequence[str] | None, tokenizer: tokenizer_lib.Tokenizer,
+            max_tool_result_tokens: int) -> list[int]:
   """Splices the tool `result` of the row's last action in (None: there was no tool to run, the row ends);
   returns the tokens its slot appends before it decodes again (its last token, then the tool turn)."""
   if result is None:
     row.stop_reason = 'action'
     return []
   row.thinking += [row.calling_thinking] if row.calling_thinking is not None else []
-  body, text = tokenizer.tool_result_ids(result, max_tool_result_tokens)
+  body, text = tokenizer.tool_result_ids(result, max_tool_result_tokens, row.calling_ids)
   row.tool_results.append(text)
   splice = tokenizer.tool_round_trip(body)
   if len(row.ids) + len(splice) >= row.budget:  # no room left to answer
@@ -731,18 +733,19 @@ def agent_tools(db_paths: Sequence[str | None], *, timeout_s: float = 2.0, max_c
   """The tool_fn of task rollouts: `calculator` for every row, and `execute_sql` actions of row i run
   against db_paths[i] in the SQL sandbox.
 
-  The action must be one call `{"tool_name": ..., "parameters": {...}}` or a list of them (results
-  joined by a blank line). Anything else (another tool, a format error, SQL on a row without a
-  database) returns None: there is no tool to run, and the reward judges the action. A call with bad
-  parameters gets an `ERROR: ...` result, as a failing query does, so the agent can retry.
+  The action must be one call `{"tool_name": ..., "parameters": {...}}` or a list of them (one result a
+  call, which the chat format lays out: ours joins them by a blank line). Anything else (another tool, a
+  format error, SQL on a row without a database) returns None: there is no tool to run, and the reward
+  judges the action. A call with bad parameters gets an `ERROR: ...` result, as a failing query does, so
+  the agent can retry.
   """
-  def run(row: int, action_text: str) -> str | None:
+  def run(row: int, action_text: str) -> list[str] | None:
     calls = parse_calls(action_text)
     db_path = db_paths[row]
     if calls is None or any(call['tool_name'] not in (SQL_TOOL, CALCULATOR_TOOL) or
                             (call['tool_name'] == SQL_TOOL and db_path is None) for call in calls):
       return None
-    return '\n\n'.join(_run_call(call, db_path, timeout_s, max_chars) for call in calls)
+    return [_run_call(call, db_path, timeout_s, max_chars) for call in calls]
 
   return run
 

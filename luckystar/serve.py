@@ -13,13 +13,16 @@ Loads the model, compiles it once (a greedy reply, a sampled one and a guided ch
 - `GET /v1/models` (the one served name) and `GET /health` (200: the model is loaded and compiled).
 
 Decisions (docs/serving.md says them to users):
-- The mode comes from `mode`, else `chat_template_kwargs.mode`, else a first system message that is one of
-  the two preambles (dropped, so the preamble is not rendered twice), else DEFAULT_MODE. Any other system
-  message follows the mode's preamble, as `Tokenizer.render` lays it out.
+- The mode comes from `mode`, else `chat_template_kwargs.mode`, else `chat_template_kwargs.enable_thinking`
+  (vLLM's switch: true is reasoning), else a first system message that is one of the two preambles (dropped,
+  so the preamble is not rendered twice), else concise (`tokenizer.CLIENT_DEFAULT_MODE`, as the exported chat
+  template). Any other system message follows the mode's preamble, and `tools` (function schemas) come
+  between them, as `Tokenizer.render` and the exported chat template lay them out: a vLLM server of our export
+  renders the same prompt.
 - Sampling defaults are OpenAI's and vLLM's on our export (its generation_config.json sets none):
   temperature 1, top_p 1; `temperature: 0` is greedy. A guided choice never samples.
 - Refused with 400 rather than ignored: `stop` sequences (the model stops at the end of its turn), `n` past
-  MAX_N. Other OpenAI fields (penalties, logprobs, response_format, tools) are accepted and ignored.
+  MAX_N. Other OpenAI fields (penalties, logprobs, response_format, tool_choice) are accepted and ignored.
 - `stream: true` is server-sent events of chat.completion.chunk objects, a delta per decode chunk holding only
   text later tokens cannot change (`_stable`), so the deltas add up to the non-streamed reply.
 - One scheduler thread owns the model: it runs the request first in line as a continuous-batching rollout, and
@@ -78,7 +81,6 @@ from luckystar.engine import loading
 from luckystar.tools import calls as calls_lib
 from luckystar.tokenizer import formats
 
-DEFAULT_MODE = 'concise'        # API clients (a judge, a chat UI) want the answer, not the trace
 DEFAULT_MAX_TOKENS = 256
 MAX_REQUEST_BYTES = 4 << 20     # a full 128k-token context is ~0.5 MB of text; the default --max_request_bytes
 MAX_CHOICES = 128               # a judge asks 2; each choice is a forward pass of prompt + choice
@@ -86,6 +88,7 @@ MAX_N = 16                      # choices per request (`n`): each is a row of th
 MAX_SLOTS = 16                  # rows one rollout decodes at once (more requests wait for a free slot)
 DECODE_CHUNK = 32               # tokens between checks that the client still waits (and the decode program's width)
 GREEDY_BELOW = 1e-5             # vLLM's: a smaller temperature is greedy (dividing by it overflows the logits)
+DEFAULT_MODE = tokenizer_lib.CLIENT_DEFAULT_MODE
 _PREAMBLE_MODES = {text: mode for mode, text in tokenizer_lib.PREAMBLES.items()}
 _ERROR_TYPES = {400: 'BadRequestError', 404: 'NotFoundError', 405: 'MethodNotAllowedError',
                 499: 'ClientClosedRequestError', 500: 'InternalServerError'}   # 499: nginx's; the client is gone
@@ -111,6 +114,12 @@ class ToolCall(_Body):
   function: Function
 
 
+class Tool(_Body):
+  """A function the model may call: its schema is rendered as the client sent it (keys and order kept)."""
+  type: Literal['function'] = 'function'
+  function: dict[str, Any]
+
+
 class Message(_Body):
   role: str
   content: str | list[TextPart] | None = None
@@ -133,6 +142,7 @@ class ChatRequest(_Body):
   messages: list[Message] = pydantic.Field(min_length=1)
   mode: str | None = None
   chat_template_kwargs: dict[str, Any] | None = None
+  tools: list[Tool] | None = None
   temperature: float | None = pydantic.Field(None, ge=0, allow_inf_nan=False)   # 1e400 parses as inf
   top_p: float | None = pydantic.Field(None, gt=0, le=1, allow_inf_nan=False)
   top_k: int | None = pydantic.Field(None, ge=-1)          # vLLM's; -1 and 0 are off
@@ -169,9 +179,14 @@ def _no_tools(row: int, action: str) -> None:
 
 def conversation(request: ChatRequest) -> tuple[str, list[dict]]:
   """(mode, messages as `Tokenizer.render` reads them) of a request (module docstring: how the mode is chosen)."""
-  mode = request.mode
-  if mode is None and request.chat_template_kwargs:
-    mode = request.chat_template_kwargs.get('mode')
+  mode, kwargs = request.mode, request.chat_template_kwargs or {}
+  if mode is None:
+    mode = kwargs.get('mode')
+  if mode is None and kwargs.get('enable_thinking') is not None:
+    if not isinstance(kwargs['enable_thinking'], bool):
+      raise ServeError(400, f'chat_template_kwargs.enable_thinking: true or false, got '
+                            f'{json.dumps(kwargs["enable_thinking"])[:100]}')
+    mode = tokenizer_lib.mode_of(kwargs['enable_thinking'])
   if mode is not None and mode not in tokenizer_lib.MODES:
     raise ServeError(400, f'mode: unknown mode {mode!r}; expected one of {list(tokenizer_lib.MODES)}')
   try:   # the one conversion Model.chat makes too; its errors name the field
@@ -181,7 +196,8 @@ def conversation(request: ChatRequest) -> tuple[str, list[dict]]:
   if messages and messages[0]['role'] == 'system' and messages[0]['content'].strip() in _PREAMBLE_MODES:
     mode = mode or _PREAMBLE_MODES[messages[0]['content'].strip()]
     messages = messages[1:]
-  return mode or DEFAULT_MODE, messages
+  tools = [tool.model_dump() for tool in request.tools or ()]
+  return mode or DEFAULT_MODE, tokenizer_lib.with_tools(messages, tools)
 
 
 def _choices(request: ChatRequest) -> tuple[str, list[str] | None]:

@@ -1,6 +1,6 @@
 """A Cohere-format checkpoint built offline, as a user's own Command R7B-style directory would be: small random
 Cohere2 weights written by transformers, and a `tokenizers` byte-level BPE trained on our corpus with Cohere's
-special tokens and a chat template in tokenizer_config.json. Its vocabulary (VOCAB_SIZE) is neither 8000 nor
+special tokens and its own chat template in chat_template.jinja, as transformers 5 saves one. Its vocabulary (VOCAB_SIZE) is neither 8000 nor
 a multiple of 8."""
 
 import json
@@ -16,8 +16,8 @@ SPECIAL_TOKENS = (
     '<|START_THINKING|>', '<|END_THINKING|>', '<|START_ACTION|>', '<|END_ACTION|>',
     '<|START_RESPONSE|>', '<|END_RESPONSE|>', '<|START_TOOL_RESULT|>', '<|END_TOOL_RESULT|>')
 
-# The checkpoint's own template, written from the Cohere format (docs/models.md) for OpenAI-style messages: an
-# assistant message's `reasoning_content`, `tool_calls` and `content`; a tool message's result.
+# The checkpoint's own template, a simplified Cohere one for OpenAI-style messages (no preamble, compact JSON):
+# an export keeps it beside ours (luckystar.interop.hf_tokenizer.export_files).
 CHAT_TEMPLATE = ''.join([
     '{{- bos_token -}}',
     '{%- if messages and messages[0].role == "system" -%}{%- set system = messages[0].content -%}'
@@ -42,7 +42,8 @@ CHAT_TEMPLATE = ''.join([
 
 
 def tokenizer_files(num_lines: int = 6000, special_tokens: tuple[str, ...] = SPECIAL_TOKENS) -> dict[str, str]:
-  """tokenizer.json (byte-level BPE of VOCAB_SIZE pieces over our corpus) and tokenizer_config.json."""
+  """tokenizer.json (byte-level BPE of VOCAB_SIZE pieces over our corpus), tokenizer_config.json and
+  chat_template.jinja."""
   import tokenizers
   from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -56,8 +57,9 @@ def tokenizer_files(num_lines: int = 6000, special_tokens: tuple[str, ...] = SPE
   assert tokenizer.get_vocab_size() == VOCAB_SIZE, tokenizer.get_vocab_size()
   config = {'tokenizer_class': 'PreTrainedTokenizerFast', 'bos_token': BOS, 'eos_token': EOS, 'pad_token': PAD,
             'unk_token': None, 'add_bos_token': False, 'add_eos_token': False,
-            'clean_up_tokenization_spaces': False, 'model_max_length': 2048, 'chat_template': CHAT_TEMPLATE}
-  return {'tokenizer.json': tokenizer.to_str(), 'tokenizer_config.json': json.dumps(config, indent=2) + '\n'}
+            'clean_up_tokenization_spaces': False, 'model_max_length': 2048}
+  return {'tokenizer.json': tokenizer.to_str(), 'tokenizer_config.json': json.dumps(config, indent=2) + '\n',
+          'chat_template.jinja': CHAT_TEMPLATE}
 
 
 def build(directory: pathlib.Path, *, seed: int = 0, dtype: str = 'bfloat16') -> pathlib.Path:

@@ -22,23 +22,16 @@ CONVERSATION = [
     {'role': 'tool', 'content': '[["김민수"]]'},
     {'role': 'assistant', 'thinking': 'The top earner is 김민수.', 'response': '김민수입니다.'},
 ]
-# The same conversation as transformers' chat templates take it (OpenAI-style tool calls).
-OPENAI_MESSAGES = [
-    {'role': 'system', 'content': f'{PREAMBLE}\n\nDatabase schema: employees(id, name, salary)'},
-    {'role': 'user', 'content': '급여가 가장 높은 직원은 누구인가요?'},
-    {'role': 'assistant', 'reasoning_content': 'Query the employees table.', 'tool_calls': [
-        {'type': 'function', 'function': {'name': 'execute_sql', 'arguments': {'query': QUERY}}}]},
-    {'role': 'tool', 'content': '[["김민수"]]'},
-    {'role': 'assistant', 'reasoning_content': 'The top earner is 김민수.', 'content': '김민수입니다.'},
-]
-# Written by hand from the Cohere format (docs/models.md), not from our code.
+# Written by hand from the Cohere format (docs/models.md), not from our code: Cohere's renderer's layout
+# (tests/test_chat_templates.py compares with the renderer itself).
 GOLDEN = (
     '<BOS_TOKEN><|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>' + PREAMBLE + '\n\nDatabase schema: employees(id, name, '
     'salary)<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|USER_TOKEN|>급여가 가장 높은 직원은 누구인가요?'
     '<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|>Query the employees table.'
-    '<|END_THINKING|><|START_ACTION|>[{"tool_call_id": "0", "tool_name": "execute_sql", "parameters": {"query": '
-    '"' + QUERY + '"}}]<|END_ACTION|><|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>'
-    '<|START_TOOL_RESULT|>[{"tool_call_id": "0", "results": {"0": "[[\\"김민수\\"]]"}, "is_error": null}]'
+    '<|END_THINKING|><|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "execute_sql", "parameters": '
+    '{"query": "' + QUERY + '"}}\n]<|END_ACTION|><|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>'
+    '<|START_TOOL_RESULT|>[\n    {\n        "tool_call_id": "0",\n        "results": {\n            "0": '
+    '{"content": "[[\\"김민수\\"]]"}\n        },\n        "is_error": null\n    }\n]'
     '<|END_TOOL_RESULT|><|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|>The top '
     'earner is 김민수.<|END_THINKING|><|START_RESPONSE|>김민수입니다.<|END_RESPONSE|><|END_OF_TURN_TOKEN|>')
 
@@ -69,17 +62,6 @@ def test_auto_detects_cohere_and_renders_the_golden_token_strings(tok):
 
 
 @pytest.mark.fast
-def test_rendering_equals_the_checkpoints_chat_template(tok, cohere_dir):
-  transformers = pytest.importorskip('transformers')
-  hf_tokenizer = transformers.AutoTokenizer.from_pretrained(cohere_dir)
-  for end in (2, 3, 4, 5):   # every prefix that ends after a user, action, tool or final turn
-    ours, _ = tok.render(CONVERSATION[:end], 'reasoning', add_generation_prompt=end in (2, 4))
-    theirs = hf_tokenizer.apply_chat_template(OPENAI_MESSAGES[:end], add_generation_prompt=end in (2, 4),
-                                              tokenize=True, return_dict=False)
-    assert ours == list(theirs), end
-
-
-@pytest.mark.fast
 def test_a_generated_turn_parses_into_our_sections_and_the_tool_round_trip_matches_rendering(tok):
   prompt, _ = tok.render(CONVERSATION[:2], 'reasoning', add_generation_prompt=True)
   full, _ = tok.render(CONVERSATION[:3], 'reasoning')
@@ -88,16 +70,47 @@ def test_a_generated_turn_parses_into_our_sections_and_the_tool_round_trip_match
   assert turn.ended and turn.thinking == 'Query the employees table.' and turn.response is None
   assert json.loads(turn.action) == json.loads(ACTION)   # the call ids are the format's, not ours
   # The splice after a tool call is exactly what rendering the whole conversation lays out.
-  body, text = tok.tool_result_ids('[["김민수"]]')
+  assert turn.call_ids == ('0',)
+  body, text = tok.tool_result_ids('[["김민수"]]', call_ids=turn.call_ids)
   spliced = prompt + generated + tok.tool_round_trip(body)
   rendered, _ = tok.render(CONVERSATION[:4], 'reasoning', add_generation_prompt=True)
   assert spliced == rendered and text == '[["김민수"]]'
   # A cut result is cut in its own tokens first, then written as valid JSON.
   body, text = tok.tool_result_ids('x' * 300, max_tokens=5)
   assert len(tok.encode(text)) <= 5 and json.loads(tok.decode(body)) == [
-      {'tool_call_id': '0', 'results': {'0': text}, 'is_error': None}]
+      {'tool_call_id': '0', 'results': {'0': {'content': text}}, 'is_error': None}]
   # A malformed action stays verbatim: still a format error for the verifiers.
-  assert formats.COHERE.read_action('[{"tool_name": 1}') == '[{"tool_name": 1}'
+  assert formats.COHERE.read_action('[{"tool_name": 1}') == ('[{"tool_name": 1}', ())
+
+
+@pytest.mark.fast
+def test_several_calls_in_several_actions_are_numbered_across_the_conversation_and_rollouts_splice_them(tok):
+  """Two actions of two calls: ids 0-1 then 2-3 (Cohere numbers calls across the conversation); each tool turn
+  answers its action's calls, one entry a call; a rollout that generated the second action splices exactly
+  what rendering lays out."""
+  call = lambda e: {'tool_name': 'calculator', 'parameters': {'expression': e}}
+  conversation = [
+      {'role': 'user', 'content': '1+1과 2+2, 그다음 3+3과 4+4'},
+      {'role': 'assistant', 'thinking': 'Two sums.', 'action': json.dumps([call('1+1'), call('2+2')])},
+      {'role': 'tool', 'content': '2'}, {'role': 'tool', 'content': 'ERROR: division by zero'},
+      {'role': 'assistant', 'action': json.dumps([call('3+3'), call('4+4')])},
+      {'role': 'tool', 'content': '6'}, {'role': 'tool', 'content': '8'},
+      {'role': 'assistant', 'response': '2, 4, 6, 8'}]
+  ids, _ = tok.render(conversation, 'reasoning')
+  text = _with_specials(tok, ids)
+  assert [json.loads(part.split('<|END_ACTION|>')[0])[1]['tool_call_id'] for part in text.split('<|START_ACTION|>')[1:]
+          ] == ['1', '3']
+  results = [json.loads(part.split('<|END_TOOL_RESULT|>')[0]) for part in text.split('<|START_TOOL_RESULT|>')[1:]]
+  assert [[(r['tool_call_id'], r['results']['0']['content']) for r in turn] for turn in results] == [
+      [('0', '2'), ('1', 'ERROR: division by zero')], [('2', '6'), ('3', '8')]]
+  prompt, _ = tok.render(conversation[:4], 'reasoning', add_generation_prompt=True)
+  through_action, _ = tok.render(conversation[:5], 'reasoning')
+  generated = through_action[len(prompt):-1]
+  turn = tok.parse_assistant(generated)
+  assert turn.call_ids == ('2', '3') and json.loads(turn.action) == [call('3+3'), call('4+4')]
+  body, _ = tok.tool_result_ids(['6', '8'], call_ids=turn.call_ids)
+  rendered, _ = tok.render(conversation[:7], 'reasoning', add_generation_prompt=True)
+  assert prompt + generated + tok.tool_round_trip(body) == rendered
 
 
 @pytest.mark.fast
@@ -133,8 +146,9 @@ def test_load_generate_and_export_keep_the_checkpoints_tokenizer_and_logits(cohe
   exported = tmp_path / 'export'
   model.save_hf(exported)
   assert json.loads((exported / 'config.json').read_text())['dtype'] == 'bfloat16'   # the source's dtype
-  for name in ('tokenizer.json', 'tokenizer_config.json'):
-    assert (exported / name).read_text() == (cohere_dir / name).read_text()
+  assert (exported / 'tokenizer.json').read_text() == (cohere_dir / 'tokenizer.json').read_text()
+  # Our template for the Cohere format, the checkpoint's own kept beside it (tests/test_chat_templates.py).
+  assert (exported / 'additional_chat_templates' / 'source.jinja').read_text() == cohere_checkpoint.CHAT_TEMPLATE
   assert luckystar.load(exported).tokenizer.fingerprint == model.tokenizer.fingerprint
   ids = np.random.default_rng(0).integers(0, cohere_checkpoint.VOCAB_SIZE, (2, 40))
   hf_model = transformers.AutoModelForCausalLM.from_pretrained(exported, torch_dtype=torch.float32)

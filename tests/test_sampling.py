@@ -392,17 +392,17 @@ def test_agent_tools_run_sql_on_the_rows_database_and_the_calculator_everywhere(
     conn.executemany('INSERT INTO items VALUES (?, ?)', [('pen', 3), ('book', 12)])
   tool_fn = sampling.agent_tools([str(db), None], timeout_s=5.0)
   query = '{"tool_name": "execute_sql", "parameters": {"query": "SELECT name FROM items WHERE price > 5"}}'
-  assert tool_fn(0, query) == 'name\nbook\n(1 rows)'
-  assert tool_fn(0, query.replace('SELECT', 'DELETE FROM items --')).startswith('ERROR: not allowed')
-  assert tool_fn(0, '{"tool_name": "execute_sql", "parameters": {}}').startswith('ERROR: execute_sql needs')
+  assert tool_fn(0, query) == ['name\nbook\n(1 rows)']
+  assert tool_fn(0, query.replace('SELECT', 'DELETE FROM items --'))[0].startswith('ERROR: not allowed')
+  assert tool_fn(0, '{"tool_name": "execute_sql", "parameters": {}}')[0].startswith('ERROR: execute_sql needs')
   assert tool_fn(0, '{"tool_name": "math.factorial", "parameters": {"number": 5}}') is None
   assert tool_fn(0, 'not json') is None
   assert tool_fn(1, query) is None   # a row without a database
   calculate = '{"tool_name": "calculator", "parameters": {"expression": "(71 + 85 + 91) / 3"}}'
-  assert tool_fn(0, calculate) == tool_fn(1, calculate) == '247/3'
-  assert tool_fn(1, f'[{calculate}, {calculate}]') == '247/3\n\n247/3'
-  assert tool_fn(1, calculate.replace('(71', "__import__('os').getcwd() + (71")).startswith('ERROR: only numbers')
-  assert tool_fn(1, '{"tool_name": "calculator", "parameters": {"expr": "1"}}').startswith('ERROR: calculator needs')
+  assert tool_fn(0, calculate) == tool_fn(1, calculate) == ['247/3']
+  assert tool_fn(1, f'[{calculate}, {calculate}]') == ['247/3', '247/3']   # one result a call
+  assert tool_fn(1, calculate.replace('(71', "__import__('os').getcwd() + (71"))[0].startswith('ERROR: only numbers')
+  assert tool_fn(1, '{"tool_name": "calculator", "parameters": {"expr": "1"}}')[0].startswith('ERROR: calculator needs')
   assert tool_fn(1, f'[{calculate}, {query}]') is None  # SQL has no database on this row: nothing runs
 
 

@@ -64,6 +64,8 @@ MODE_CHOICES = {
     'preamble, reasoning': ('reasoning', {}, [system(tokenizer_lib.PREAMBLES['reasoning'])]),
     'preamble, concise': ('concise', {}, [system(tokenizer_lib.PREAMBLES['concise'])]),
     'chat_template_kwargs': ('reasoning', {'chat_template_kwargs': {'mode': 'reasoning'}}, []),
+    'enable_thinking true': ('reasoning', {'chat_template_kwargs': {'enable_thinking': True}}, []),
+    'enable_thinking false': ('concise', {'chat_template_kwargs': {'enable_thinking': False}}, []),
     'default': (serve.DEFAULT_MODE, {}, []),
     'field beats preamble': ('reasoning', {'mode': 'reasoning'}, [system(tokenizer_lib.PREAMBLES['concise'])]),
 }
@@ -94,6 +96,24 @@ def test_other_system_messages_follow_the_preamble(client, model):
   want = model.generate(QUESTION, 'concise', max_new_tokens=MAX_TOKENS, system='Be brief.')
   assert reply['choices'][0]['message']['content'] == want.text
   assert reply['usage']['prompt_tokens'] == prompt_tokens(model, [system('Be brief.'), user(QUESTION)], 'concise')
+
+
+@pytest.mark.fast
+def test_a_requests_tools_are_rendered_as_the_exported_template_renders_them(client, model):
+  """`tools` sit between the preamble and a system message (as training and our export's chat template show
+  them); a bad enable_thinking is a 400 naming it."""
+  schema = {'name': 'get_weather', 'description': 'Weather of a city',
+            'parameters': {'type': 'object', 'properties': {'city': {'type': 'string'}}}}
+  messages = [system('Be brief.'), user(QUESTION)]
+  reply = post(client, {'messages': messages, 'mode': 'concise', 'temperature': 0, 'max_tokens': MAX_TOKENS,
+                        'tools': [{'type': 'function', 'function': schema}], 'tool_choice': 'auto'})
+  want = model.chat(tokenizer_lib.with_tools(messages, [schema]), 'concise', max_new_tokens=MAX_TOKENS)
+  assert reply['choices'][0]['message']['content'] == want.text
+  rendered = model.tokenizer.render(messages, 'concise', add_generation_prompt=True, tools=[schema])[0]
+  assert reply['usage']['prompt_tokens'] == len(rendered) > prompt_tokens(model, messages, 'concise')
+  response = client.post('/v1/chat/completions', json={'messages': [user(QUESTION)],
+                                                       'chat_template_kwargs': {'enable_thinking': 'yes'}})
+  assert response.status_code == 400 and 'chat_template_kwargs.enable_thinking' in response.json()['error']['message']
 
 
 def test_an_action_comes_back_as_tool_calls_or_runs_with_tools(client, model):

@@ -14,6 +14,7 @@ from typing import Iterator
 from luckystar.data.examples import Example, dedupe, split_of
 from luckystar.data.korean import attach
 from luckystar.data.nl2sql import EN_CITIES, KO_CITIES
+from luckystar.tokenizer import formats
 
 
 def _fn(name: str, description: str, properties: dict, required: list[str]) -> dict:
@@ -115,8 +116,9 @@ _DRAWS = (_weather, _currency, _stock, _orders, _loan, _translate)
 
 
 def tool_system(functions: list[dict]) -> str:
-  """The system turn that shows a model its tools: one JSON schema a line."""
-  return 'Available tools (JSON schema):\n' + '\n'.join(json.dumps(f, ensure_ascii=False) for f in functions)
+  """The system turn that shows a model its tools, as `Tokenizer.render(tools=...)` lays them out, so a
+  server's `tools` renders what training saw."""
+  return formats.tools_text(functions)
 
 
 def generate(seed: int = 0, count: int = 1500) -> Iterator[Example]:

@@ -104,7 +104,8 @@ class Model:
     """The assistant's next turn after whole conversations: one conversation (a list of message dicts:
     system / developer / user / assistant / tool, assistant turns in OpenAI's shape, `content`,
     `reasoning_content`, `tool_calls`, or ours, `thinking` / `action` / `response`; `tokenizer.from_openai`)
-    gives one Generation, a list of conversations a list, sampled together.
+    gives one Generation, a list of conversations a list, sampled together. Function schemas for the model to
+    see (an OpenAI request's `tools`): `tokenizer.with_tools(messages, tools)`.
 
     mode picks the system preamble (a system message's content follows it); the other arguments are
     `generate`'s, and decode_chunk and check `sampling.rollout`'s (a server: a few programs for any budget, and
@@ -201,8 +202,8 @@ class Model:
               group_size: int = 128) -> None:
     """A transformers Cohere2 directory (config, safetensors in `dtype`, default the dtype the model was loaded
     from, else its param_dtype; with a tokenizer, also
-    tokenizer.model, tokenizer.json + tokenizer_config.json carrying our chat template, so
-    `AutoTokenizer` encodes and `apply_chat_template(messages, mode=...)` renders as we do, and a
+    its tokenizer files with our chat template for its format, so `AutoTokenizer` encodes and
+    `apply_chat_template(messages, tools=..., enable_thinking=...)` renders as we do, and a
     generation config); `luckystar.load(path)` reads it back.
 
     quantization='int4': compressed-tensors pack-quantized (W4A16) Linears, which transformers (with

@@ -637,9 +637,9 @@ def save_hf(path: str | pathlib.Path, config: ModelConfig, params: Any, *, dtype
             tokenizer: Tokenizer | None = None, extra_files: dict[str, str] | None = None,
             max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
   """Writes a transformers directory: config.json and model.safetensors in `dtype` ('float32' or
-  'bfloat16'); with `tokenizer`, also its files (our tokenizer.model with the transformers tokenizer files
-  and our chat template, `hf_tokenizer.tokenizer_files`: AutoTokenizer encodes and renders as we do; a
-  checkpoint's own tokenizer.json and tokenizer_config.json as they came) and a
+  'bfloat16'); with `tokenizer`, also its files with our chat template for its format
+  (`hf_tokenizer.export_files`: AutoTokenizer encodes and renders as we do; ours also as transformers
+  tokenizer files; a checkpoint's own as they came, its own template kept beside ours) and a
   generation_config.json that stops at EOS, end of turn or end of action (a tool call, for the caller to
   run); and any `extra_files` (name → text).
   An int4-served config (luckystar.quant.convert) writes its Linears as compressed-tensors
@@ -675,10 +675,8 @@ def save_hf(path: str | pathlib.Path, config: ModelConfig, params: Any, *, dtype
       hf_config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
     (tmp / 'config.json').write_text(json.dumps(hf_config, indent=2) + '\n')
     if tokenizer is not None:
-      files = tokenizer.files()
-      if tokenizer.codec.backend == 'sentencepiece':   # and the transformers files that read as it does
-        files.update(hf_tokenizer.tokenizer_files(tokenizer, config.max_position_embeddings))
-      for name, content in files.items():   # a checkpoint's own tokenizer files go out as they came in
+      for name, content in hf_tokenizer.export_files(tokenizer, config.max_position_embeddings).items():
+        (tmp / name).parent.mkdir(exist_ok=True)
         (tmp / name).write_bytes(content if isinstance(content, bytes) else content.encode())
       # END_ACTION too: a transformers/vLLM server hands a tool call back instead of generating its result.
       stops = list(dict.fromkeys([tokenizer.eos_id, tokenizer.end_of_turn_id, tokenizer.end_of_action_id]))

@@ -15,8 +15,9 @@ Retrain the bundled model (deterministic, ~1 min; the corpus is the task suites,
 import functools
 import hashlib
 import io
-import os
+import itertools
 import json
+import os
 import pathlib
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -42,6 +43,14 @@ PREAMBLES = {
                 'and briefly, in the language of the user.'),
 }
 MODES = tuple(PREAMBLES)
+# The mode of a chat client's request that names none (a server; an exported chat template without
+# enable_thinking): clients such as a judge or a chat UI want the answer, not the trace.
+CLIENT_DEFAULT_MODE = 'concise'
+
+
+def mode_of(enable_thinking: bool) -> str:
+  """The mode that vLLM's / Qwen3's `enable_thinking` chat-template switch names."""
+  return 'reasoning' if enable_thinking else 'concise'
 ROLES = ('system', 'developer', 'user', 'assistant', 'tool')   # developer: OpenAI's newer name for system
 _OURS_FOR_OPENAI = {'reasoning_content': 'thinking', 'tool_calls': 'action', 'content': 'response'}
 
@@ -71,6 +80,19 @@ def from_openai(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
   return converted
 
 
+def with_tools(messages: Sequence[dict], tools: Sequence[Mapping] | None) -> list[dict]:
+  """`messages` with function schemas (an OpenAI request's `tools`, or BFCL's docs) shown at the head of the
+  system turn, before a system message's content (`formats.tools_text`): `render(tools=...)`, a server's
+  `tools` and the function-calling data all lay them out so."""
+  messages = list(messages)
+  if not tools:
+    return messages
+  text = formats.tools_text(tools)
+  if messages and messages[0]['role'] == 'system':
+    return [{**messages[0], 'content': f'{text}\n\n{messages[0]["content"]}'}, *messages[1:]]
+  return [{'role': 'system', 'content': text}, *messages]
+
+
 def _text(content: Any, where: str) -> str | None:
   """A message's content: a string, or OpenAI's list of text parts joined."""
   if content is None or isinstance(content, str):
@@ -88,7 +110,10 @@ def _assistant_turn(message: Mapping[str, Any], where: str) -> dict:
     if message.get(theirs) and message.get(ours) is not None:   # an empty list of tool_calls is no action
       raise ValueError(f'{where}: both {theirs} and {ours} give its {ours} section; give one')
   content = _text(message.get('content'), f'{where}.content')
-  turn = {'role': 'assistant', 'thinking': message.get('reasoning_content', message.get('thinking')),
+  if content == '' and message.get('tool_calls'):
+    content = None   # OpenAI clients send a call back with content "" or null: no response section either way
+  thinking = message.get('reasoning_content')
+  turn = {'role': 'assistant', 'thinking': thinking if thinking is not None else message.get('thinking'),
           'action': message.get('action'), 'response': content if content is not None else message.get('response')}
   if calls := message.get('tool_calls'):
     turn['action'] = json.dumps([_call(call, f'{where}.tool_calls[{j}]') for j, call in enumerate(calls)]
@@ -165,8 +190,9 @@ class Tokenizer:
   @functools.cached_property
   def fingerprint(self) -> str:
     """The identity of the ids this tokenizer makes: its files and its chat format."""
-    digest = hashlib.sha256(self.format.name.encode())
-    for name, content in sorted(self.files().items()):
+    layout = self.format.name + (f'/{self.format.revision}' if self.format.revision else '')
+    digest = hashlib.sha256(layout.encode())
+    for name, content in sorted(self.codec.identity().items()):
       digest.update(name.encode() + b'\0' + (content if isinstance(content, bytes) else content.encode()) + b'\0')
     return digest.hexdigest()[:16]
 
@@ -194,28 +220,37 @@ class Tokenizer:
     return [self.special_ids[self.format.start_of_turn], self.special_ids[self.format.roles[role]], *body,
             self.special_ids[self.format.end_of_turn]]
 
-  def _assistant_body(self, message: dict) -> list[int]:
+  def _assistant_body(self, message: dict, first_call: int = 0) -> tuple[list[int], list[str]]:
+    """(the ids of an assistant turn's sections, the ids its action gave its calls, counted from first_call)."""
     if not any(message.get(name) is not None for name in formats.SECTIONS):
       raise ValueError(f'assistant message has none of the sections {list(formats.SECTIONS)}: {message}')
-    body = []
+    body, call_ids = [], []
     for name in formats.SECTIONS:
       if (text := message.get(name)) is not None:
         start, end = self.format.sections[name]
-        text = self.format.write_action(text) if name == 'action' else text
+        if name == 'action':
+          text, call_ids = self.format.write_action(text, first_call)
         body += [self.special_ids[start], *self.encode(text), self.special_ids[end]]
-    return body
+    return body, call_ids
 
-  def tool_result_ids(self, result: str, max_tokens: int | None = None) -> tuple[list[int], str]:
-    """(ids of a tool turn's body holding `result`, the result's text as the model reads it): the result is cut
-    to `max_tokens` tokens of its own first, then written as the format writes tool results."""
-    ids = self.encode(result)
-    if max_tokens is not None:
-      ids = ids[:max_tokens]
-    text = self.decode(ids)
+  def tool_result_ids(self, results: str | Sequence[str], max_tokens: int | None = None,
+                      call_ids: Sequence[str] = ()) -> tuple[list[int], str]:
+    """(ids of a tool turn's body answering calls `call_ids` with `results`, one each; the results' text as the
+    model reads them): each result is cut to `max_tokens` tokens of its own first, then written as the format
+    writes tool results (ours: joined by a blank line, then cut). A call without an id (a tool_fn that answers
+    several calls with one text, or a result past the action's calls) is numbered after the last id."""
+    results = [results] if isinstance(results, str) else list(results)
     if self.format.tool_result is None:
-      return ids, text
+      ids = self.encode(self.format.tool_result_text(results, ()))
+      ids = ids if max_tokens is None else ids[:max_tokens]
+      return ids, self.decode(ids)
+    texts = [self.decode(self.encode(r) if max_tokens is None else self.encode(r)[:max_tokens]) for r in results]
+    ids = list(call_ids)[:len(texts)]
+    while len(ids) < len(texts):
+      ids.append(str(max((int(i) for i in ids if i.isdigit()), default=-1) + 1))
     start, end = self.format.tool_result
-    return [self.special_ids[start], *self.encode(self.format.tool_result_text(text)), self.special_ids[end]], text
+    body = [self.special_ids[start], *self.encode(self.format.tool_result_text(texts, ids)), self.special_ids[end]]
+    return body, '\n\n'.join(texts)
 
   def tool_round_trip(self, body: Sequence[int]) -> list[int]:
     """What follows a generated END_ACTION when the tool answers with `body` (`tool_result_ids`): the rest of
@@ -223,32 +258,43 @@ class Tokenizer:
     is built, so rollouts splice exactly what `render` lays out."""
     return [self.end_of_turn_id, *self._turn(self.format.tool_role, list(body)), *self.generation_prompt()]
 
-  def render(self, messages: Sequence[dict], mode: str, add_generation_prompt: bool = False
-             ) -> tuple[list[int], list[int]]:
+  def render(self, messages: Sequence[dict], mode: str, add_generation_prompt: bool = False,
+             tools: Sequence[Mapping] | None = None) -> tuple[list[int], list[int]]:
     """Conversation → (ids, loss_mask).
 
     messages: dicts with `role` in system/user/assistant/tool; assistant messages carry `thinking` /
-    `action` / `response` (any of them), the others `content`. One BOS opens the ids; the mode's preamble
-    opens the system turn (a system message's content follows it). loss_mask is 1 on every assistant
-    token after the turn header, END_OF_TURN included, and 0 elsewhere.
+    `action` / `response` (any of them), the others `content`; the tool messages after an action answer its
+    calls in order and make one tool turn. One BOS opens the ids; the system turn holds the mode's preamble,
+    then `tools` (function schemas, `formats.tools_text`), then a system message's content, a blank line
+    apart. loss_mask is 1 on every assistant token after the turn header, END_OF_TURN included, and 0 elsewhere.
     """
     if mode not in PREAMBLES:
       raise ValueError(f'unknown mode {mode!r}; expected one of {MODES}')
+    messages = with_tools(messages, tools)
     system = [m['content'] for m in messages if m['role'] == 'system']
     if len(system) > 1 or (system and messages[0]['role'] != 'system'):
       raise ValueError('at most one system message, and only as the first message')
     ids = [self.bos_id, *self._turn('system', self.encode('\n\n'.join([PREAMBLES[mode], *system])))]
     mask = [0] * len(ids)
-    for message in messages[len(system):]:
+    rest = list(messages[len(system):])
+    calls, answering = 0, []    # calls made so far; the ids of the last action's calls
+    for i, message in enumerate(rest):
       role = message['role']
       if role == 'assistant':
-        turn = self._turn(role, self._assistant_body(message))
+        body, answering = self._assistant_body(message, calls)
+        calls += len(answering)
+        turn = self._turn(role, body)
         mask += [0, 0] + [1] * (len(turn) - 2)
       elif role == 'user':
         turn = self._turn(role, self.encode(message['content']))
         mask += [0] * len(turn)
       elif role == 'tool':
-        turn = self._turn(self.format.tool_role, self.tool_result_ids(message['content'])[0])
+        if i > 0 and rest[i - 1]['role'] == 'tool':
+          continue   # written with the first of its run
+        run = [m['content'] for m in itertools.takewhile(lambda m: m['role'] == 'tool', rest[i:])]
+        call_ids = answering[:len(run)] + [str(calls + k) for k in range(len(run) - len(answering))]
+        calls, answering = calls + max(0, len(run) - len(answering)), []
+        turn = self._turn(self.format.tool_role, self.tool_result_ids(run, call_ids=call_ids)[0])
         mask += [0] * len(turn)
       else:
         raise ValueError(f'unknown or misplaced role {role!r} in {message}')
@@ -280,9 +326,10 @@ class Tokenizer:
       elif current is not None:
         sections[current].append(token)
     texts = {name: self.decode(body) for name, body in sections.items()}
+    call_ids = ()
     if 'action' in texts:
-      texts['action'] = self.format.read_action(texts['action'])
-    return AssistantTurn(**texts, ended=ended)
+      texts['action'], call_ids = self.format.read_action(texts['action'])
+    return AssistantTurn(**texts, ended=ended, call_ids=call_ids)
 
 
 def default() -> Tokenizer:

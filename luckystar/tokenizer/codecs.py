@@ -24,6 +24,7 @@ from luckystar import files
 MAX_TOKENIZER_JSON_BYTES = 128 << 20    # ~4× the largest real one (Gemma 3's, 33 MB)
 MAX_TOKENIZER_CONFIG_BYTES = 16 << 20   # a chat template and an added-token table: real ones are under 1 MB
 MAX_SENTENCEPIECE_BYTES = 64 << 20      # tokenizer.model; real ones are a few MB
+CHAT_TEMPLATE_FILE = 'chat_template.jinja'   # where transformers 5 saves a chat template (it wins over the config's)
 
 
 class SentencePiece:
@@ -57,6 +58,8 @@ class SentencePiece:
   def files(self) -> dict[str, bytes]:
     return {'tokenizer.model': self.model_proto}
 
+  identity = files   # what decides the ids it makes
+
 
 def _token_text(config: Mapping[str, Any], key: str, source: str) -> str | None:
   """A special token in tokenizer_config.json: a string, or an AddedToken dict with its `content`."""
@@ -86,8 +89,9 @@ class Tokenizers:
   backend = 'tokenizers'
 
   def __init__(self, tokenizer_json: str, tokenizer_config: Mapping[str, Any], *, source: str = 'tokenizer.json',
-               config_source: str = 'tokenizer_config.json'):
+               config_source: str = 'tokenizer_config.json', chat_template: str | None = None):
     self.tokenizer_json, self.config = tokenizer_json, dict(tokenizer_config)
+    self.chat_template = chat_template   # transformers 5's chat_template.jinja, kept for the export
     # Depth and shape first: the library's parser gives a bare Exception, or recurses, on what it cannot read.
     # Its own parser refuses lone surrogates, so the strings are walked only when it fails (a second for a
     # large vocabulary).
@@ -122,7 +126,10 @@ class Tokenizers:
     if os.path.lexists(config_file):   # a FIFO or a device is refused, not skipped
       config = _object(files.read_json(config_file, MAX_TOKENIZER_CONFIG_BYTES, 'tokenizer config'), str(config_file))
     text = files.read_text(tokenizer_file, MAX_TOKENIZER_JSON_BYTES, 'tokenizer file')
-    return cls(text, config, source=str(tokenizer_file), config_source=str(config_file))
+    template = path / CHAT_TEMPLATE_FILE
+    template = (files.read_text(template, MAX_TOKENIZER_CONFIG_BYTES, 'chat template')
+                if os.path.lexists(template) else None)
+    return cls(text, config, source=str(tokenizer_file), config_source=str(config_file), chat_template=template)
 
   def token_id(self, token: str) -> int | None:
     return self.hf.token_to_id(token)
@@ -138,4 +145,11 @@ class Tokenizers:
 
   def files(self) -> dict[str, str]:
     return {'tokenizer.json': self.tokenizer_json,
-            'tokenizer_config.json': json.dumps(self.config, indent=2, ensure_ascii=False) + '\n'}
+            'tokenizer_config.json': json.dumps(self.config, indent=2, ensure_ascii=False) + '\n',
+            **({CHAT_TEMPLATE_FILE: self.chat_template} if self.chat_template is not None else {})}
+
+  def identity(self) -> dict[str, str]:
+    """The files that decide the ids it makes: a chat template decides none (we render in our own format)."""
+    config = {key: value for key, value in self.config.items() if key != 'chat_template'}
+    return {'tokenizer.json': self.tokenizer_json,
+            'tokenizer_config.json': json.dumps(config, indent=2, ensure_ascii=False) + '\n'}

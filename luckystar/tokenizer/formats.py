@@ -2,27 +2,40 @@
 
 A conversation is system / user / assistant / tool messages; an assistant message holds up to three
 sections, in this order: `thinking`, `action` (tool calls as JSON, `luckystar.tools.calls`) and
-`response`. A format names the tokens that open and close turns, mark roles and bound sections, and
-how tool calls and results are written inside them:
+`response`. The tool messages that follow an action answer its calls in order, one message a call, and
+together make one tool turn. A format names the tokens that open and close turns, mark roles and bound
+sections, and how tool calls and results are written inside them:
 
-  luckystar  the bundled models: <|START_OF_TURN|><|ASSISTANT|>…<|END_OF_TURN|>, tool results in a
-             <|TOOL|> turn, actions as we write them.
-  cohere     Command R7B / Command A: <|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>…<|END_OF_TURN_TOKEN|>,
-             actions as a JSON list of {"tool_call_id", "tool_name", "parameters"}, a tool result in a
-             system turn: <|START_TOOL_RESULT|>[{"tool_call_id": "0", "results": {"0": result},
-             "is_error": null}]<|END_TOOL_RESULT|>.
+  luckystar  the bundled models: <|START_OF_TURN|><|ASSISTANT|>…<|END_OF_TURN|>, actions as we write them,
+             a tool turn <|TOOL|> holding the results joined by a blank line.
+  cohere     Command R7B / Command A, as Cohere's own renderer (`cohere_melody.render_cmd3`) lays them out:
+             <|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>…<|END_OF_TURN_TOKEN|>; an action is an indented JSON
+             list, one call a line, {"tool_call_id", "tool_name", "parameters"}, with ids counted across the
+             whole conversation; the tool turn is a system turn holding
+             <|START_TOOL_RESULT|>[one indented entry per call: its id, {"0": {"content": result}},
+             "is_error": null]<|END_TOOL_RESULT|>.
 
-Decision: our tools answer an action with one text (a list of calls gets one joined result), so a Cohere
-tool turn holds one result entry for call "0"; call ids restart at "0" in every action.
+Decisions (docs/models.md says them to users): "is_error" is null, as Cohere's renderer always writes it (a
+failing tool says so in its result text); results answer calls by position; the system turn is ours (the mode
+preambles are the paper's switch between reasoning and concise), and both modes open a reply with the bare
+assistant header, as Cohere's renderer does.
 """
 
 import dataclasses
 import json
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from luckystar.tools import calls as calls_lib
 
 SECTIONS = ('thinking', 'action', 'response')
+TOOLS_HEADER = 'Available tools (JSON schema):'
+
+
+def tools_text(functions: Sequence[Mapping]) -> str:
+  """The system-turn text that shows a model its tools: one JSON schema a line. OpenAI's
+  {"type": "function", "function": {...}} entries are read as their function."""
+  schemas = [f['function'] if isinstance(f.get('function'), Mapping) else f for f in functions]
+  return TOOLS_HEADER + '\n' + '\n'.join(json.dumps(schema, ensure_ascii=False) for schema in schemas)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +45,12 @@ class AssistantTurn:
   action: str | None = None
   response: str | None = None
   ended: bool = False   # the turn closed with END_OF_TURN (or stopped at END_ACTION for a tool call)
+  call_ids: tuple[str, ...] = ()   # the ids a numbered-calls format's action gave its calls
+
+
+def _indented_list(items: Sequence[str]) -> str:
+  """Cohere's list layout: one item a line, indented four spaces."""
+  return '[\n' + ',\n'.join('    ' + item for item in items) + '\n]'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +62,9 @@ class ChatFormat:
   roles: Mapping[str, str]                   # system / user / assistant → the token after start_of_turn
   sections: Mapping[str, tuple[str, str]]    # SECTIONS → (start, end)
   tool_role: str                             # the role token (a `roles` key) of a tool result's turn
-  tool_result: tuple[str, str] | None = None  # markers around the result inside its turn
+  tool_result: tuple[str, str] | None = None  # markers around the results inside their turn
   numbered_calls: bool = False               # actions are JSON lists of calls carrying a "tool_call_id"
+  revision: int = 0                          # bumped when the layout changes: tokenizer fingerprints follow it
 
   @property
   def special_tokens(self) -> tuple[str, ...]:
@@ -52,31 +72,38 @@ class ChatFormat:
     return (self.start_of_turn, self.end_of_turn, *dict.fromkeys(self.roles.values()),
             *(token for name in SECTIONS for token in self.sections[name]), *(self.tool_result or ()))
 
-  def write_action(self, action: str) -> str:
-    """Our action text (one call or a list, `tools.calls`) as this format writes it in a turn."""
-    if not self.numbered_calls:
-      return action
+  def write_action(self, action: str, first_id: int = 0) -> tuple[str, list[str]]:
+    """(our action text (one call or a list, `tools.calls`) as this format writes it in a turn, the ids its
+    calls get): numbered calls count on from `first_id`; text that is not calls is written verbatim."""
     calls = calls_lib.parse_calls(action)
-    if calls is None:
-      return action   # not calls: written verbatim, as it was given
-    return json.dumps([{'tool_call_id': str(i), **call} for i, call in enumerate(calls)], ensure_ascii=False)
+    ids = [str(first_id + i) for i in range(len(calls or ()))]
+    if not self.numbered_calls or calls is None:
+      return action, ids
+    return _indented_list([json.dumps({'tool_call_id': i, 'tool_name': call['tool_name'],
+                                       'parameters': call['parameters']}, ensure_ascii=False)
+                           for i, call in zip(ids, calls)]), ids
 
-  def read_action(self, text: str) -> str:
-    """A generated action's text as our tools and verifiers read it: numbered calls lose their ids; anything
-    else stays verbatim, so a malformed action is still a format error downstream."""
+  def read_action(self, text: str) -> tuple[str, tuple[str, ...]]:
+    """(a generated action's text as our tools and verifiers read it, the call ids it gave): numbered calls
+    lose their ids; anything else stays verbatim, so a malformed action is still a format error downstream."""
     if not self.numbered_calls:
-      return text
+      return text, ()
     calls = calls_lib.parse_calls(text, extra_keys=('tool_call_id',))
     if calls is None:
-      return text
+      return text, ()
     plain = [{key: call[key] for key in ('tool_name', 'parameters')} for call in calls]
-    return json.dumps(plain[0] if len(plain) == 1 else plain, ensure_ascii=False)
+    return json.dumps(plain[0] if len(plain) == 1 else plain, ensure_ascii=False), tuple(
+        call['tool_call_id'] for call in calls)
 
-  def tool_result_text(self, result: str) -> str:
-    """The text of a tool turn holding `result`, between the tool_result markers if any."""
+  def tool_result_text(self, results: Sequence[str], call_ids: Sequence[str]) -> str:
+    """The text of a tool turn answering calls `call_ids` with `results` (one each), between the tool_result
+    markers if any."""
     if self.tool_result is None:
-      return result
-    return json.dumps([{'tool_call_id': '0', 'results': {'0': result}, 'is_error': None}], ensure_ascii=False)
+      return '\n\n'.join(results)
+    return _indented_list([
+        '{\n        "tool_call_id": ' + json.dumps(i) + ',\n        "results": {\n            "0": '
+        + json.dumps({'content': result}, ensure_ascii=False) + '\n        },\n        "is_error": null\n    }'
+        for i, result in zip(call_ids, results, strict=True)])
 
 
 LUCKYSTAR = ChatFormat(
@@ -91,7 +118,7 @@ COHERE = ChatFormat(
     name='cohere', start_of_turn='<|START_OF_TURN_TOKEN|>', end_of_turn='<|END_OF_TURN_TOKEN|>',
     roles={'system': '<|SYSTEM_TOKEN|>', 'user': '<|USER_TOKEN|>', 'assistant': '<|CHATBOT_TOKEN|>'},
     sections=LUCKYSTAR.sections, tool_role='system',
-    tool_result=('<|START_TOOL_RESULT|>', '<|END_TOOL_RESULT|>'), numbered_calls=True)
+    tool_result=('<|START_TOOL_RESULT|>', '<|END_TOOL_RESULT|>'), numbered_calls=True, revision=2)
 
 FORMATS = {f.name: f for f in (LUCKYSTAR, COHERE)}
 CHOICES = ('auto', *FORMATS)

@@ -54,9 +54,10 @@ def get_config(arg=None):
   config.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=128))
   config.dpo = ml_collections.ConfigDict(dict(
       # The loss (luckystar.stages.dpo docstring).
-      loss_type='sigmoid',               # or 'robust' (rDPO), 'ipo'
+      loss_type='sigmoid',               # or 'robust' (rDPO), 'ipo', 'hinge' (SLiC)
       beta=0.1,
       label_smoothing=0.0,               # ε: cDPO for 'sigmoid', rDPO's flip rate for 'robust'
+      ld_alpha=1.0,                      # LD-DPO: weight of a reply's tokens past the shorter reply's length; 1 = DPO
       sft_weight=2.0,                    # + weight · the chosen reply's per-token NLL (RPO): lifts it
       # Pairs: the policy's own verbose / wrong-language replies vs. verified reference replies.
       # Preference data, FORMAT:PATH[@WEIGHT] items (docs/data.md): preference_jsonl (TRL's layout) or dpo_pairs

@@ -16,6 +16,7 @@ Expected on 2 CPU cores: ~9 min; held-out greedy correctness 56.5% → 62.0% (do
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 from luckystar import config as config_lib
 
@@ -43,10 +44,15 @@ def get_config(arg=None):
       # pays a correct English answer to a Korean prompt more than a wrong Korean one (experiments/language_penalty.md).
       language_penalty=1.0,
       drop_overlong=True,          # overlong rollouts leave the baseline and the loss
+      # The method's options (docs/rl.md#advantage-estimators, #policy-loss-options).
+      advantage='rloo',            # or 'grpo', 'dr_grpo', 'reinforce_pp' (luckystar.engine.advantages)
       kl_beta=0.0,                 # 0 ⇒ no reference params held in memory
+      kl_estimator='k3',           # or 'k1', 'k2' (Schulman's KL estimators)
       clip_epsilon=0.0,            # > 0: PPO-style ratio clipping (with updates_per_batch > 1)
+      clip_low=config_dict.placeholder(float),    # ε below 1 / above 1 (DAPO's clip-higher: 0.2 / 0.28);
+      clip_high=config_dict.placeholder(float),   # unset: clip_epsilon; 0: that side unclipped
       updates_per_batch=1,
-      normalize='tokens',          # or 'sequences'
+      normalize='tokens',          # or 'sequences'; 'tokens' is DAPO's token-level mean over the whole batch
       max_prompt_tokens=384,
       max_tool_turns=2,
       max_tool_result_tokens=96,

@@ -56,8 +56,10 @@ DOMAINS = {
                        'pairs_per_prompt', 'verbose_min_extra', 'math_max_difficulty'),
     'a number ≥ 0': ('learning_rate', 'weight_decay', 'temperature', 'pass_k_temperature', 'kl_beta',
                      'clip_epsilon', 'sft_weight', 'anchor_weight'),
+    'a number ≥ 0, or None (unset)': ('clip_low', 'clip_high'),
     'a number > 0': ('max_grad_norm', 'beta'),
     'a number in [0, 1)': ('b1', 'b2'),
+    'a number in [0, 1]': ('ld_alpha',),
     'a number in [0, 0.5)': ('label_smoothing',),
     'a number in (0, 1]': ('top_p',),
 }
@@ -75,8 +77,10 @@ _IN_DOMAIN = {
     'an integer ≥ 1': lambda v: _is_int(v) and v >= 1,
     'an integer ≥ 0': lambda v: _is_int(v) and v >= 0,
     'a number ≥ 0': lambda v: _is_number(v) and v >= 0,
+    'a number ≥ 0, or None (unset)': lambda v: v is None or _is_number(v) and v >= 0,
     'a number > 0': lambda v: _is_number(v) and v > 0,
     'a number in [0, 1)': lambda v: _is_number(v) and 0 <= v < 1,
+    'a number in [0, 1]': lambda v: _is_number(v) and 0 <= v <= 1,
     'a number in [0, 0.5)': lambda v: _is_number(v) and 0 <= v < 0.5,
     'a number in (0, 1]': lambda v: _is_number(v) and 0 < v <= 1,
 }
@@ -216,13 +220,14 @@ def _judge_configs(tree: dict, prefix: str = 'config') -> list[tuple[str, object
 def save(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> None:
   """workdir/config.json: the config a stage runs with (main and the pipeline call this on every process;
   process 0 writes it, atomically). Over a run that has checkpoints, a config that differs from the saved one
-  outside RESUME_MAY_CHANGE is a UserError naming the keys, on every process, and the saved config stays."""
+  outside RESUME_MAY_CHANGE is a UserError naming the keys, on every process, and the saved config stays. A key
+  the saved config lacks (an option added since the run started) does not count: the run resumes with it."""
   path = pathlib.Path(workdir) / 'config.json'
   text = config.to_json_best_effort(indent=2) + '\n'
   if os.path.lexists(path) and checkpoint.latest_step(workdir) is not None:   # a FIFO is refused, not read
     saved, new = flatten(_saved_config(path)), flatten(json.loads(text))
-    if differ := sorted(key for key in saved.keys() | new.keys() if saved.get(key, '<absent>') != new.get(
-        key, '<absent>') and key.split('.')[0] not in RESUME_MAY_CHANGE):
+    if differ := sorted(key for key in saved if saved[key] != new.get(key, '<absent>')
+                        and key.split('.')[0] not in RESUME_MAY_CHANGE):
       raise errors.UserError(f'{workdir} holds checkpoints of a run with another config ({", ".join(differ[:6])} differ: '
                              f'{ {key: saved.get(key, "<absent>") for key in differ[:6]} } there); a re-run resumes it, so '
                              f'only {", ".join(RESUME_MAY_CHANGE)} may change. Use a new --workdir, or delete {path.parent} '

@@ -39,7 +39,8 @@ def _config(arg=None):
 HAND = {('sigmoid', 0.0): 0.598139,                    # DPO: −log σ(βh)
         ('sigmoid', 0.1): 0.9 * 0.598139 + 0.1 * 0.798139,   # cDPO = 0.618139
         ('robust', 0.1): (0.9 * 0.598139 - 0.1 * 0.798139) / 0.8,   # rDPO = 0.573139
-        ('ipo', 0.0): (2.0 - 5.0) ** 2}                # IPO: (h − 1/(2β))² = 9
+        ('ipo', 0.0): (2.0 - 5.0) ** 2,                # IPO: (h − 1/(2β))² = 9
+        ('hinge', 0.0): 1.0 - 0.2}                     # SLiC: max(0, 1 − βh) = 0.8
 
 
 @pytest.mark.fast
@@ -53,7 +54,7 @@ def test_each_loss_variant_equals_the_hand_computed_value(loss_type, label_smoot
 @pytest.mark.fast
 def test_loss_settings_are_checked():
   with pytest.raises(ValueError, match='loss_type'):
-    dpo.preference_losses(jnp.zeros(1), jnp.zeros(1), beta=0.1, loss_type='hinge')
+    dpo.preference_losses(jnp.zeros(1), jnp.zeros(1), beta=0.1, loss_type='slic')
   with pytest.raises(ValueError, match='label_smoothing'):
     dpo.preference_losses(jnp.zeros(1), jnp.zeros(1), beta=0.1, label_smoothing=0.5)
 

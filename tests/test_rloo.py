@@ -8,6 +8,7 @@ import pytest
 
 from luckystar import errors
 from luckystar import model
+from luckystar.engine import advantages as advantages_lib
 from luckystar.engine import logprobs, rollouts
 from luckystar.stages import rlvr as rloo
 
@@ -15,7 +16,7 @@ from luckystar.stages import rlvr as rloo
 @pytest.mark.fast
 def test_design_vector_k8_three_correct():
   rewards = np.array([[1, 1, 1, 0, 0, 0, 0, 0]], np.float32)
-  advantages, used = rloo.rloo_advantages(rewards, np.ones_like(rewards, bool))
+  advantages, used = advantages_lib.rloo_advantages(rewards, np.ones_like(rewards, bool))
   np.testing.assert_allclose(advantages[0, :3], 1 - 2 / 7, atol=1e-6)   # +0.714
   np.testing.assert_allclose(advantages[0, 3:], -3 / 7, atol=1e-6)      # −0.429
   assert np.round(float(advantages[0, 0]), 3) == 0.714 and np.round(float(advantages[0, 3]), 3) == -0.429
@@ -26,7 +27,7 @@ def test_design_vector_k8_three_correct():
 def test_dropped_rows_leave_the_baseline_and_the_loss():
   rewards = np.array([[1, 0, 1, 1]], np.float32)
   survived = np.array([[True, True, False, True]])
-  advantages, used = rloo.rloo_advantages(rewards, survived)
+  advantages, used = advantages_lib.rloo_advantages(rewards, survived)
   # survivors 1, 0, 1: baselines (0+1)/2, (1+1)/2, (1+0)/2
   np.testing.assert_allclose(advantages, [[0.5, -1.0, 0.0, 0.5]], atol=1e-6)
   assert used.tolist() == [[True, True, False, True]]
@@ -36,7 +37,7 @@ def test_dropped_rows_leave_the_baseline_and_the_loss():
 def test_groups_with_fewer_than_two_survivors_contribute_nothing():
   rewards = np.array([[1, 0, 0], [1, 1, 0]], np.float32)
   survived = np.array([[True, False, False], [False, False, False]])
-  advantages, used = rloo.rloo_advantages(rewards, survived)
+  advantages, used = advantages_lib.rloo_advantages(rewards, survived)
   assert not used.any() and not np.asarray(advantages).any()
 
 
@@ -49,7 +50,7 @@ def test_groups_with_fewer_than_two_survivors_contribute_nothing():
 ])
 def test_language_penalty_combinations(correct, mismatch, expected):
   rewards = np.asarray(correct, np.float32) - 0.5 * np.asarray(mismatch, np.float32)
-  advantages, _ = rloo.rloo_advantages(rewards[None], np.ones((1, 4), bool))
+  advantages, _ = advantages_lib.rloo_advantages(rewards[None], np.ones((1, 4), bool))
   np.testing.assert_allclose(advantages[0], expected, atol=1e-3)
 
 
@@ -60,7 +61,7 @@ def test_language_penalty_combinations(correct, mismatch, expected):
     st.lists(st.lists(st.booleans(), min_size=k, max_size=k), min_size=6, max_size=6))))
 def test_advantages_of_a_group_sum_to_zero(data):
   rewards, survived = np.array(data[0], np.float32), np.array(data[1][:len(data[0])])
-  advantages, used = rloo.rloo_advantages(rewards, survived)
+  advantages, used = advantages_lib.rloo_advantages(rewards, survived)
   advantages, used = np.asarray(advantages), np.asarray(used)
   np.testing.assert_allclose(advantages.sum(-1), 0.0, atol=1e-5)
   assert not advantages[~used].any()

@@ -12,6 +12,11 @@ each log-prob summed over the response tokens of the chosen (c) and rejected (r)
                                                                when labels are flipped with probability ε
     ipo      (h − 1/(2β))²                                     IPO (Azar et al. 2023), on summed log-probs
                                                                (TRL's IPO averages them per token instead)
+    hinge    max(0, 1 − β·h)                                   SLiC (Zhao et al. 2023; TRL's `hinge`)
+
+With `ld_alpha` α < 1 (LD-DPO, Liu et al. 2024; TRL's `ld_alpha`), the policy's log π(y) in h counts a reply's
+first l_p = min(|y_c|, |y_r|) response tokens at weight 1 and the rest at α, so the longer reply's extra tokens
+weigh less (the reference log-probs stay whole sums, as in TRL); α = 1 is DPO.
 
 plus, with `sft_weight` w > 0, w · (−log π(y_c) / |y_c|): the chosen reply's per-token NLL (RPO,
 Pang et al. 2024; TRL's `rpo_alpha`). Anchor rows (kind 'anchor', `anchor_modes`) hold one of the
@@ -93,7 +98,7 @@ from luckystar.rewards import choice
 from luckystar.rewards import reward as reward_lib
 from luckystar.tokenizer import Tokenizer
 
-LOSS_TYPES = ('sigmoid', 'robust', 'ipo')
+LOSS_TYPES = ('sigmoid', 'robust', 'ipo', 'hinge')
 CHOSEN_STYLES = ('direct', 'reference')
 DIRECT_TASKS = ('korean_mc', 'chat', 'math')
 DIRECT_FORMAT = 2                     # direct_response's format: 1 the MC letter alone, 2 the option then the letter
@@ -140,6 +145,8 @@ def preference_losses(chosen_logratios: jax.Array, rejected_logratios: jax.Array
   h = chosen_logratios - rejected_logratios
   if loss_type == 'ipo':
     return (h - 1.0 / (2.0 * beta)) ** 2
+  if loss_type == 'hinge':
+    return jax.nn.relu(1.0 - beta * h)
   agree, disagree = -jax.nn.log_sigmoid(beta * h), -jax.nn.log_sigmoid(-beta * h)
   if loss_type == 'robust':
     return ((1.0 - label_smoothing) * agree - label_smoothing * disagree) / (1.0 - 2.0 * label_smoothing)
@@ -153,11 +160,29 @@ def flatten_pairs(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
           for k in ('tokens', 'positions', 'segment_ids', 'loss_mask', 'score_columns') if k in batch}
 
 
+def desensitized_logps(token_logps: jax.Array, rows: Mapping[str, jax.Array], ld_alpha: float) -> jax.Array:
+  """LD-DPO's log π [B, 2] (chosen, rejected) from `pair_token_logps`: a reply's first l_p = min(|y_c|, |y_r|)
+  response tokens at weight 1, the rest at ld_alpha (tokens counted by loss_mask: tool tokens neither count
+  nor weigh)."""
+  mask = logprobs.next_tokens(rows, rows['loss_mask']).astype(token_logps.dtype)   # [2B, columns]
+  public = jnp.tile(mask.sum(-1).reshape(2, -1).min(0), 2)[:, None]                 # [2B, 1]: its pair's l_p
+  weights = mask * jnp.where(jnp.cumsum(mask, -1) <= public, 1.0, ld_alpha)
+  return (token_logps * weights).sum(-1).reshape(2, -1).T
+
+
+def pair_token_logps(model_config: model.ModelConfig, params: Any, batch: Mapping[str, jax.Array]
+                     ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """(log π(token t+1 | ≤ t) at temperature 1 [2B, T-1], or [2B, M] at score_columns; the `flatten_pairs`
+  rows they are of)."""
+  rows = flatten_pairs(batch)
+  token_logps, _ = logprobs.token_logprobs(model_config, params, rows, temperature=1.0)
+  return token_logps, rows
+
+
 def pair_logps(model_config: model.ModelConfig, params: Any, batch: Mapping[str, jax.Array]) -> jax.Array:
   """Summed response log-probs [B, 2] (chosen, rejected) of each pair under `params`, at temperature 1;
   with the batch's score_columns (`pair_batch`), the vocabulary projection runs only at response tokens."""
-  rows = flatten_pairs(batch)
-  token_logps, _ = logprobs.token_logprobs(model_config, params, rows, temperature=1.0)
+  token_logps, rows = pair_token_logps(model_config, params, batch)
   return sequence_logps(token_logps, rows).reshape(2, -1).T
 
 
@@ -165,10 +190,11 @@ _jitted_pair_logps = jax.jit(pair_logps, static_argnums=0)
 
 
 def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, *, model_config: model.ModelConfig,
-            beta: float = 0.1, loss_type: str = 'sigmoid', label_smoothing: float = 0.0,
+            beta: float = 0.1, loss_type: str = 'sigmoid', label_smoothing: float = 0.0, ld_alpha: float = 1.0,
             sft_weight: float = 0.0, anchor_weight: float = 0.0) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Mean over rows of `preference_losses` + sft_weight · the chosen reply's per-token NLL on preference
-  rows, and of anchor_weight · the anchor reply's per-token NLL on anchor rows.
+  rows, and of anchor_weight · the anchor reply's per-token NLL on anchor rows. ld_alpha < 1: the preference
+  term's policy log-probs are LD-DPO's (`desensitized_logps`); the NLL terms and logps/* stay whole sums.
 
   batch: tokens, positions, segment_ids, loss_mask [B, 2, T]; reference_logps [B, 2]; optionally
   score_columns [B, 2, M] (`pair_batch`; the same loss, fewer FLOPs) and anchor [B] (1: an anchor row,
@@ -181,8 +207,10 @@ def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, 
   combine over micro-batches.
   """
   del rng  # deterministic
-  logps = pair_logps(model_config, params, batch)                       # [B, 2]
-  logratios = logps - jax.lax.stop_gradient(batch['reference_logps'])   # [B, 2]
+  token_logps, rows = pair_token_logps(model_config, params, batch)
+  logps = sequence_logps(token_logps, rows).reshape(2, -1).T            # [B, 2]
+  policy = logps if ld_alpha == 1.0 else desensitized_logps(token_logps, rows, ld_alpha)   # 1: DPO, unsplit
+  logratios = policy - jax.lax.stop_gradient(batch['reference_logps'])  # [B, 2]
   losses = preference_losses(logratios[:, 0], logratios[:, 1], beta=beta, loss_type=loss_type,
                              label_smoothing=label_smoothing)
   lengths = batch['loss_mask'][:, :, 1:].sum(-1).astype(jnp.float32)   # [B, 2]: scored response tokens
@@ -591,10 +619,18 @@ def reference_logps(workdir: pathlib.Path, model_config: model.ModelConfig, para
 # ---- the stage --------------------------------------------------------------------------------------
 
 
+def check_config(config) -> None:
+  """The config errors `run` would otherwise meet only after pair sampling and reference log-probs (numeric
+  keys: `luckystar.config.DOMAINS`)."""
+  if config.dpo.loss_type not in LOSS_TYPES:
+    raise errors.UserError(f'config.dpo.loss_type={config.dpo.loss_type!r}; expected one of {LOSS_TYPES}')
+
+
 def run(config, workdir: str) -> None:
   if loop.is_finished(config, workdir):
     loop.finish_without_training(config, workdir, progress_keys=PROGRESS_KEYS, summary_keys=SUMMARY_KEYS)
     return
+  check_config(config)
   workdir = pathlib.Path(workdir)
   settings = config.dpo
   model_config, mesh, optimizer, state, tokenizer = state_lib.start(config, workdir)
@@ -614,8 +650,8 @@ def run(config, workdir: str) -> None:
       return evals.evaluate(model_config, params, tokenizer, eval_settings)
 
   loss = functools.partial(loss_fn, model_config=model_config, beta=settings.beta, loss_type=settings.loss_type,
-                           label_smoothing=settings.label_smoothing, sft_weight=settings.sft_weight,
-                           anchor_weight=settings.anchor_weight)
+                           label_smoothing=settings.label_smoothing, ld_alpha=settings.ld_alpha,
+                           sft_weight=settings.sft_weight, anchor_weight=settings.anchor_weight)
   update_fn = step_lib.make_update_fn(loss, optimizer, step_lib.state_shardings_of(state), mesh=mesh,
                                       learning_rate=optim.learning_rate_schedule(config),
                                       grad_accum_steps=config.grad_accum_steps, denominator='pairs',

@@ -3,9 +3,11 @@
 k rollouts per prompt are scored by the verifiers (reward = correctness − penalty·language mismatch).
 Overlong rollouts are dropped: out of the baseline and out of the loss. Each survivor's baseline is
 the mean reward of the *other* survivors of its prompt; a group with fewer than two survivors has no
-baseline and contributes nothing. The loss is the token-level policy gradient over model-generated
-tokens, with logits divided by the sampling temperature; optional PPO-style ratio clipping (for
-several updates per batch) and an optional k3 KL estimate to a reference.
+baseline and contributes nothing. Other estimators by name: `config.rlvr.advantage`
+(`engine.advantages.ESTIMATORS`: rloo, grpo, dr_grpo, reinforce_pp). The loss is the token-level policy
+gradient over model-generated tokens, with logits divided by the sampling temperature; optional PPO-style
+ratio clipping (for several updates per batch; asymmetric, DAPO's clip-higher, with clip_low / clip_high)
+and an optional KL estimate to a reference (k3 by default; `KL_ESTIMATORS`).
 
     python -m luckystar.main --config=configs/rlvr.py --workdir=runs/rlvr
 
@@ -34,6 +36,7 @@ from luckystar import errors
 from luckystar import model
 from luckystar.data import pipeline, sources, suites
 from luckystar.data.examples import TASKS, Example, rs_only
+from luckystar.engine import advantages as advantages_lib
 from luckystar.engine import artifacts, evals, judging, logprobs, loop, optim, prompts, rollouts
 from luckystar.engine import state as state_lib
 from luckystar.engine import step as step_lib
@@ -45,21 +48,6 @@ NORMALIZATIONS = ('tokens', 'sequences')
 # correctness (greedy, then sampled) and Korean→English mismatch before → after.
 PROGRESS_KEYS = ('train/reward', 'train/correctness')
 SUMMARY_KEYS = ('eval/correctness', 'eval/language_mismatch', 'eval/sampled/correctness')
-
-
-def rloo_advantages(rewards: jax.Array, survived: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Leave-one-out baseline per prompt group.
-
-  rewards, survived: [prompts, k] (float; bool: not overlong).
-  Returns (advantages, used), both [prompts, k]: A_i = r_i − mean(r_j : j ≠ i, j survived) where row i
-  survived in a group of ≥ 2 survivors (used); 0 and unused elsewhere.
-  """
-  survived = jnp.asarray(survived, bool)
-  rewards = jnp.where(survived, jnp.asarray(rewards, jnp.float32), 0.0)
-  survivors = survived.sum(-1, keepdims=True)
-  baseline = (rewards.sum(-1, keepdims=True) - rewards) / jnp.maximum(survivors - 1, 1)
-  used = survived & (survivors >= 2)
-  return jnp.where(used, rewards - baseline, 0.0), used
 
 
 def zero_variance_groups(rewards: jax.Array, survived: jax.Array) -> jax.Array:
@@ -78,24 +66,49 @@ AUX_WEIGHTS = {'kl': 'tokens', 'ratio': 'tokens', 'clip_fraction': 'tokens', 'en
                'tokens': None, 'sequences': None, 'sampled_tokens': None}
 
 
+# KL to the reference per token, of log_ratio = log π_ref − log π on tokens sampled from π (Schulman 2020,
+# "Approximating KL divergence"): k1 = log π − log π_ref, unbiased; k2 = ½·log_ratio², low variance, biased;
+# k3 = e^log_ratio − log_ratio − 1, unbiased, ≥ 0 and low variance (the default; verl's low_var_kl).
+KL_ESTIMATORS = {
+    'k1': lambda log_ratio: -log_ratio,
+    'k2': lambda log_ratio: 0.5 * log_ratio ** 2,
+    'k3': lambda log_ratio: jnp.exp(log_ratio) - log_ratio - 1.0,
+}
+
+
+def clip_bounds(clip_epsilon: float, clip_low: float | None = None, clip_high: float | None = None
+                ) -> tuple[float | None, float | None]:
+  """The ratio's clip range (1 − ε_low, 1 + ε_high); each ε is clip_low / clip_high, or clip_epsilon where that
+  is None (unset), and an ε of 0 leaves its side unclipped (None), as clip_epsilon = 0 clips neither."""
+  low = clip_epsilon if clip_low is None else clip_low
+  high = clip_epsilon if clip_high is None else clip_high
+  return (1 - low if low > 0 else None), (1 + high if high > 0 else None)
+
+
 def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, *, model_config: model.ModelConfig,
-            temperature: float = 1.0, clip_epsilon: float = 0.0, kl_beta: float = 0.0,
+            temperature: float = 1.0, clip_epsilon: float = 0.0, clip_low: float | None = None,
+            clip_high: float | None = None, kl_beta: float = 0.0, kl_estimator: str = 'k3',
             normalize: str = 'tokens') -> tuple[jax.Array, dict[str, jax.Array]]:
-  """The RLOO policy-gradient loss over model-generated tokens.
+  """The policy-gradient loss over model-generated tokens (docs/rl.md#policy-loss-options).
 
   batch: tokens, positions, segment_ids, loss_mask [B, T] int (loss_mask 1 on tokens the policy
   generated; prompt and tool-result tokens 0); advantages [B] float; used [B] (0 for dropped rows and
   groups without a baseline); old_logprobs [B, T] float (the sampler's untruncated log-prob of token t,
   at the sampling temperature); ref_logprobs [B, T] when kl_beta > 0; optionally score_columns [B, M]
   (`training_batch` adds them: the same loss, projected onto the vocabulary at generated tokens only).
-  Per token: −min(ρ·A, clip(ρ, 1 ± ε)·A) with ρ = π/π_old (ε = 0: no clipping; on-policy ρ = 1 and the
-  gradient is A·∇log π), plus kl_beta·(e^{ref−logπ} − (ref−logπ) − 1).
+  Per token: −min(ρ·A, clip(ρ, 1 − ε_low, 1 + ε_high)·A) with ρ = π/π_old (`clip_bounds`: ε = 0 leaves a side
+  unclipped; on-policy ρ = 1 and the gradient is A·∇log π), plus kl_beta · KL_ESTIMATORS[kl_estimator].
   normalize: 'tokens' (Σ over every token / token count) or 'sequences' (each row's token mean, then
-  the mean over rows). aux[normalize] is the denominator.
+  the mean over rows). aux[normalize] is the denominator: `step.accumulate_gradients` weights each
+  micro-batch by it, so 'tokens' is Σ / token count over the whole global batch however it is split,
+  which is DAPO's token-level mean (Yu et al. 2025).
   """
   del rng  # deterministic
   if normalize not in NORMALIZATIONS:
     raise ValueError(f'normalize={normalize!r}; expected one of {NORMALIZATIONS}')
+  if kl_estimator not in KL_ESTIMATORS:
+    raise ValueError(f'kl_estimator={kl_estimator!r}; expected one of {tuple(KL_ESTIMATORS)}')
+  low, high = clip_bounds(clip_epsilon, clip_low, clip_high)
   policy_logprobs, entropy = logprobs.token_logprobs(model_config, params, batch, temperature)
   rows = batch['used'].astype(jnp.float32)                                    # [B]
   generated = logprobs.next_tokens(batch, batch['loss_mask']).astype(jnp.float32)      # every sampled token, used rows or not
@@ -103,13 +116,13 @@ def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, 
   advantages = batch['advantages'].astype(jnp.float32)[:, None]
   ratio = jnp.exp(policy_logprobs - jax.lax.stop_gradient(logprobs.next_tokens(batch, batch['old_logprobs'])))
   objective = ratio * advantages
-  if clip_epsilon > 0:
-    objective = jnp.minimum(objective, jnp.clip(ratio, 1 - clip_epsilon, 1 + clip_epsilon) * advantages)
+  if low is not None or high is not None:
+    objective = jnp.minimum(objective, jnp.clip(ratio, low, high) * advantages)
   per_token = -objective
   kl = jnp.zeros_like(policy_logprobs)
   if kl_beta > 0:
     log_ratio = logprobs.next_tokens(batch, batch['ref_logprobs']) - policy_logprobs
-    kl = jnp.exp(log_ratio) - log_ratio - 1.0
+    kl = KL_ESTIMATORS[kl_estimator](log_ratio)
     per_token = per_token + kl_beta * kl
   tokens = mask.sum()
   sequences = (mask.sum(-1) > 0).sum().astype(jnp.float32)
@@ -119,7 +132,11 @@ def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, 
     weights = mask / jnp.maximum(mask.sum(-1, keepdims=True), 1.0) / jnp.maximum(sequences, 1.0)
   loss = (per_token * weights).sum()
   mean = lambda x: (x * mask).sum() / jnp.maximum(tokens, 1.0)
-  clipped = (jnp.abs(ratio - 1) > clip_epsilon) if clip_epsilon > 0 else jnp.zeros_like(ratio, bool)
+  clipped = jnp.zeros_like(ratio, bool)   # the ratio outside the clip range, whichever the advantage's sign
+  if low is not None:
+    clipped = clipped | (ratio < low)
+  if high is not None:
+    clipped = clipped | (ratio > high)
   aux = {'loss': loss, 'kl': mean(kl), 'entropy': (entropy * generated).sum() / jnp.maximum(generated.sum(), 1.0),
          'ratio': mean(ratio),
          'clip_fraction': mean(clipped.astype(jnp.float32)), 'tokens': tokens, 'sequences': sequences,
@@ -131,15 +148,16 @@ def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array | None, 
 
 
 def training_batch(prompts: Sequence[Sequence[int]], groups: Sequence[Sequence[rollouts.Scored]], *,
-                   length_multiple: int, score_multiple: int = logprobs.SCORE_COLUMN_MULTIPLE
-                   ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+                   length_multiple: int, score_multiple: int = logprobs.SCORE_COLUMN_MULTIPLE,
+                   advantage: str = 'rloo') -> tuple[dict[str, np.ndarray], np.ndarray]:
   """The update's batch: one row per rollout, prompt + continuation, right-padded to a multiple of
   `length_multiple`, with score_columns at the generated tokens (their width rounded up to
-  `score_multiple`: the sampling budget gives one width for every batch, so fewer compiles).
+  `score_multiple`: the sampling budget gives one width for every batch, so fewer compiles), and advantages
+  by the estimator `advantages.ESTIMATORS[advantage]` over the whole batch's groups.
   Returns (batch, zero_variance [prompts]). See `loss_fn` for the fields."""
   rewards = np.array([[s.verdict.reward if s.survived else 0.0 for s in group] for group in groups], np.float32)
   survived = np.array([[s.survived for s in group] for group in groups])
-  advantages, used = jax.device_get(rloo_advantages(rewards, survived))
+  advantages, used = jax.device_get(advantages_lib.ESTIMATORS[advantage](rewards, survived))
   rows = [(prompts[g], s.rollout) for g, group in enumerate(groups) for s in group]
   length = -(-max(len(p) + len(r.token_ids) for p, r in rows) // length_multiple) * length_multiple
   batch = {name: np.zeros((len(rows), length), dtype) for name, dtype in (
@@ -329,18 +347,23 @@ def eval_settings(config) -> evals.Settings:
 
 
 EVAL_SPLITS = ('heldout', 'train')
+# The keys that name a choice, and their choices (numeric keys: `luckystar.config.DOMAINS`).
+CHOICES = {'advantage': tuple(advantages_lib.ESTIMATORS), 'normalize': NORMALIZATIONS,
+           'kl_estimator': tuple(KL_ESTIMATORS), 'eval_split': EVAL_SPLITS}
 
 
-def check_eval_split(config) -> str:
-  """`config.rlvr.eval_split`, or a config error naming the key."""
-  if config.rlvr.eval_split not in EVAL_SPLITS:
-    raise errors.UserError(f'config.rlvr.eval_split={config.rlvr.eval_split!r}; expected one of {EVAL_SPLITS}')
-  return config.rlvr.eval_split
+def check_choice(config, key: str) -> str:
+  """`config.rlvr.<key>` of a CHOICES key, or a config error naming the key."""
+  value = config.rlvr[key]
+  if value not in CHOICES[key]:
+    raise errors.UserError(f'config.rlvr.{key}={value!r}; expected one of {CHOICES[key]}')
+  return value
 
 
 def check_config(config) -> None:
   """The config errors `run` would otherwise meet only after prompt selection (minutes of rollouts)."""
-  check_eval_split(config)
+  for key in CHOICES:
+    check_choice(config, key)
   if not config.sampling.temperature > 0:   # the loss divides logits by it: 0 would make every update NaN (skipped)
     raise errors.UserError(f'config.sampling.temperature={config.sampling.temperature}: RLVR samples its '
                            'rollouts and scores them at this temperature, so it must be > 0')
@@ -356,7 +379,7 @@ def eval_pool(config, tokenizer: Tokenizer, pool: Sequence[Example]) -> list[Exa
   three training databases per domain share one wording, so a question text repeats over them with the same
   gold SQL); `reserve_eval` draws the eval set from them before prompt selection and takes it out of RL's pool."""
   settings = config.rlvr
-  if check_eval_split(config) == 'heldout':
+  if check_choice(config, 'eval_split') == 'heldout':
     return prompt_pool(settings, 'heldout', tokenizer, seed=config.seed)[0]
   rs = prompts.prompt_set(tasks(settings), 'train', seed=config.seed, where=lambda e: rs_only(e, config.seed),
                           tokenizer=tokenizer)
@@ -384,7 +407,7 @@ def eval_size(config, count: int, rl_prompts: Sequence[Example], heldout: Sequen
   so that a short eval source costs no rollouts, and again with the selected prompts (`eval_examples`)."""
   groups = {(e.task, e.language) for e in rl_prompts}
   available = sum((e.task, e.language) in groups for e in heldout)
-  if check_eval_split(config) == 'train':
+  if check_choice(config, 'eval_split') == 'train':
     where = "eval_split='train' (the bundled train questions no RS prompt shares)"
   else:
     where = f'config.rlvr.eval_sources={config.rlvr.eval_sources!r}' if config.rlvr.get('eval_sources') else \
@@ -484,7 +507,8 @@ def run(config, workdir: str) -> None:
                                            **rollout_options(config, judge))
     batch, zero_variance = training_batch([rendered[int(i)] for i in indices], groups,
                                           length_multiple=settings.length_multiple,
-                                          score_multiple=config.sampling.max_new_tokens)
+                                          score_multiple=config.sampling.max_new_tokens,
+                                          advantage=settings.advantage)
     if reference is not None:
       full = {k: v for k, v in batch.items() if k != 'score_columns'}  # [B, T] like the other per-token fields
       with sharding.activate(mesh):
@@ -496,7 +520,9 @@ def run(config, workdir: str) -> None:
     return update_fn.local_rows(batch), metrics | judging.metrics(judge)
 
   loss = functools.partial(loss_fn, model_config=model_config, temperature=config.sampling.temperature,
-                           clip_epsilon=settings.clip_epsilon, kl_beta=settings.kl_beta, normalize=settings.normalize)
+                           clip_epsilon=settings.clip_epsilon, clip_low=settings.clip_low,
+                           clip_high=settings.clip_high, kl_beta=settings.kl_beta,
+                           kl_estimator=settings.kl_estimator, normalize=settings.normalize)
   update_fn = step_lib.make_update_fn(
       loss, optimizer, step_lib.state_shardings_of(state), mesh=mesh,
       learning_rate=optim.learning_rate_schedule(config, settings.updates_per_batch),

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from luckystar import errors
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import bfcl, champ
 from luckystar.data import instruction_following
@@ -103,7 +104,7 @@ def test_the_eval_stage_writes_report_results_and_plots(tmp_path, capsys):
   printed = capsys.readouterr().out.splitlines()
   results = json.loads((tmp_path / 'results.json').read_text())
   report = (tmp_path / 'report.md').read_text()
-  expected = set(eval_run.SUITES) - set(results['skipped'])
+  expected = set(config.eval.suites) - set(results['skipped'])
   assert set(results['suites']) == expected and expected >= {'math', 'nl2sql', 'korean_mc', 'chat',
                                                              'instruction_following'}
   for name in results['suites']:
@@ -122,3 +123,64 @@ def test_the_eval_stage_writes_report_results_and_plots(tmp_path, capsys):
       key = f'eval/{name}/{mode}/correctness'
       assert any(line.split() == [key, metrics_lib.format_value(key, row[key])] for line in summary), key
   assert any(line.split() == ['report', str(tmp_path / 'report.md')] for line in summary)
+
+
+def _math_oracle(examples, *, wrong=False):
+  """A text "model" answering each math problem with its gold answer (rotated by one problem: `wrong`)."""
+  answers = [e.answer for e in examples]
+  answers = answers[1:] + answers[:1] if wrong else answers
+  by_prompt = {e.prompt: a for e, a in zip(examples, answers)}
+  start, end = tokenizer_lib.SECTION_TOKENS['response']
+  return lambda messages, mode: f'{start}The answer is {by_prompt[messages[-1]["content"]]}.{end}'
+
+
+@pytest.mark.fast
+def test_a_sampled_benchmark_averages_pass_at_1_over_samples_and_reports_pass_at_k():
+  settings = eval_run.Settings(suites=('aime24',), modes=('reasoning',), samples=3, pass_k=(1, 2, 4),
+                               max_examples=5)
+  examples = eval_run.suite_examples('aime24', settings)
+  tok = tokenizer_lib.default()
+  for wrong, expected in ((False, 1.0), (True, 0.0)):
+    respond = evals.text_respond(_math_oracle(examples, wrong=wrong), tok)
+    metrics = eval_run.evaluate(respond, tok, settings, progress=False)['suites']['aime24']['reasoning']
+    assert (metrics['examples'], metrics['samples'], metrics['pass_at_k_problems']) == (5, 3, 5)
+    assert metrics['correctness'] == metrics['pass_at_1'] == metrics['pass_at_2'] == expected
+    assert 'pass_at_4' not in metrics   # more than the samples drawn
+
+
+@pytest.mark.fast
+def test_the_paper_tables_put_each_model_in_a_column_beside_the_papers_figures():
+  one = lambda correctness, score: {'suites': {'aime24': {'reasoning': {'correctness': correctness}},
+                                               'mtbench': {'reasoning': {'score': score}}}}
+  results = {'init_from': 'policy', **one(0.25, 6.5), 'compare': {'base': one(0.125, 5.0)}}
+  lines = eval_run.paper_tables(results)
+  row = lambda name: next(line for line in lines if line.startswith(f'| {name} |')).split(' | ')
+  assert row('English AIME 2024')[1:5] == ['25.0', '12.5', '73.7', '13.3']
+  assert row('English MT-Bench')[1:5] == ['6.50', '5.00', '8.45', '8.34']
+  assert row('English MATH 500')[1:3] == ['–', '–'] and 'math500 not in config.eval.suites' in row('English MATH 500')[5]
+  assert 'not public' in row('LG Agentic Eval')[5] and 'kmmlu.jsonl' in row('Korean KMMLU')[5]
+  assert '`policy`' in lines[3] and '`base`' in lines[3] and 'LuckyStar 111B (paper)' in lines[3]
+
+
+def test_the_paper_variant_writes_the_tables_for_two_models(tmp_path):
+  """configs/eval.py:paper end to end on a problem, tiny-sft and tiny-base in one report (MT-Bench end to end:
+  tests/test_mtbench.py, judged by a served model)."""
+  from luckystar import config as config_lib
+  config = config_lib.from_file('configs/eval.py', 'paper')
+  assert {'gsm8k', 'math500', 'aime24', 'aime25', 'mtbench'} <= set(config.eval.suites)
+  assert config.judge.backend == 'model' and config.judge.init_from == config.init_from
+  config.eval.update(dict(suites=('gsm8k',), max_examples=1, samples=2, pass_k=(1, 2), max_new_tokens=16,
+                          compare=('tiny-base',)))
+  config.judge.backend = 'none'
+  eval_run.run(config, str(tmp_path))
+  results = json.loads((tmp_path / 'results.json').read_text())
+  report = (tmp_path / 'report.md').read_text()
+  assert results['suites']['gsm8k']['reasoning']['examples'] == 1
+  assert set(results['compare']) == {'tiny-base'} and 'gsm8k' in results['compare']['tiny-base']['suites']
+  assert 0 <= results['suites']['gsm8k']['reasoning']['correctness'] <= 1
+  assert '## Paper Table 3' in report and '## Paper Table 4' in report and '`tiny-base`' in report
+  gsm8k_row = next(line for line in report.splitlines() if line.startswith('| English GSM8K |')).split(' | ')
+  assert all(float(cell) >= 0 for cell in gsm8k_row[1:3]) and gsm8k_row[3:5] == ['–', '–']   # not in the paper
+  config.eval.suites = ('mtbench',)
+  with pytest.raises(errors.UserError, match='config.judge'):   # before any model work
+    eval_run.run(config, str(tmp_path / 'no-judge'))

@@ -72,9 +72,10 @@ def naming(values) -> str:
 
 
 def prompt(example: Example) -> list[dict]:
-  """The messages before the assistant's turn: the task context (if any) and the question."""
+  """The messages before the assistant's turn: the task context (if any), earlier turns (`meta['history']`, a
+  multi-turn benchmark's second question) and the question."""
   return ([{'role': 'system', 'content': example.system}] if example.system else []) + [
-      {'role': 'user', 'content': example.prompt}]
+      *example.meta.get('history', ()), {'role': 'user', 'content': example.prompt}]
 
 
 def uses_calculator(example: Example, mode: str, chat_tool_fraction: float = CHAT_TOOL_FRACTION) -> bool:

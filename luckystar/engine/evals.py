@@ -75,8 +75,8 @@ def select(settings: Settings, tokenizer: Tokenizer | None = None) -> list[Examp
 
 # ---- models: anything that turns examples into replies ---------------------------------------------
 
-# (examples, mode, temperature, seed) → one reply per example: a sampling.Rollout or a TextReply.
-Respond = Callable[[Sequence[Example], str, float, int], list]
+# (examples, mode, temperature, seed[, max_new_tokens]) → one reply per example: a sampling.Rollout or a TextReply.
+Respond = Callable[..., list]
 TextModel = Callable[[list[dict], str], str]   # (prompt messages, mode) → assistant text
 Result = tuple[Example, Any, reward.Verdict]    # an example, its reply and the reply's verdict
 
@@ -107,8 +107,8 @@ def parse_text(text: str) -> tuple[tokenizer_lib.AssistantTurn, list[str]]:
 
 def text_respond(fn: TextModel, tokenizer: Tokenizer) -> Respond:
   """A Respond over a text callable; no tool loop (an NL2SQL reply is scored on its last SQL action)."""
-  def respond(examples, mode, temperature=0.0, seed=0):
-    del temperature, seed  # the callable decides how it samples
+  def respond(examples, mode, temperature=0.0, seed=0, max_new_tokens=None):
+    del temperature, seed, max_new_tokens  # the callable decides how it samples
     replies = []
     for example in examples:
       text = fn(conversations.prompt(example), mode)
@@ -122,15 +122,16 @@ def model_respond(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, 
   """A Respond over a luckystar model: rollouts with the tool loop (the calculator; NL2SQL rows run their
   SQL in the sandbox) in `settings.batch_size` decode slots, each refilled with the next prompt as one ends,
   within its max_new_tokens and tool limits; example n is row n under key(seed) (`sampling`'s per-row draws:
-  its tokens do not depend on the batch size). A progress bar ('eval <mode>') counts the prompts on process 0."""
-  def respond(examples, mode, temperature=0.0, seed=0):
+  its tokens do not depend on the batch size). A progress bar ('eval <mode>') counts the prompts on process 0.
+  max_new_tokens: a call's own budget (default `settings.max_new_tokens`)."""
+  def respond(examples, mode, temperature=0.0, seed=0, max_new_tokens=None):
     rendered = [rollouts_lib.render_prompt(tokenizer, e, mode) for e in examples]
     with tqdm.tqdm(total=len(examples), desc=f'eval {mode}' + (' sampled' if temperature > 0 else ''),
                    unit='prompt', leave=False, dynamic_ncols=True, disable=jax.process_index() != 0) as bar:
       return sampling.rollout(
           model_config, params, tokenizer, rendered, tool_fn=rollouts_lib.task_tools(examples),
           max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
-          max_new_tokens=settings.max_new_tokens, temperature=temperature, rng=jax.random.key(seed),
+          max_new_tokens=max_new_tokens or settings.max_new_tokens, temperature=temperature, rng=jax.random.key(seed),
           slots=settings.batch_size, progress=bar.update)
   return respond
 

@@ -21,6 +21,7 @@ import weakref
 
 from absl import logging
 import jax
+import numpy as np
 
 from luckystar import errors
 from luckystar.engine import artifacts, checkpoint, loading
@@ -53,8 +54,10 @@ def identity(judge_settings: Mapping[str, Any]) -> dict[str, Any]:
   return fingerprint
 
 
-def _model_generate_fn(judge_settings: Mapping[str, Any]):
-  """prompt → the concise, greedy reply of `init_from`, at most max_tokens new tokens, no tool turns."""
+def _model_fns(judge_settings: Mapping[str, Any]):
+  """(prompt → the concise, greedy reply of `init_from`, at most max_tokens new tokens, no tool turns;
+  (prompt, choices) → its most likely choice as the whole reply, `Model.reply_logprobs`, as luckystar.serve's
+  guided choice scores them)."""
   init_from = judge_settings['init_from']
   try:
     model = loading.load(init_from)
@@ -64,8 +67,11 @@ def _model_generate_fn(judge_settings: Mapping[str, Any]):
     raise errors.UserError(f'config.judge.init_from={init_from!r} has no tokenizer, so it cannot judge text; '
                            f'name a model directory with its tokenizer files')
   max_tokens = judge_settings['max_tokens']
-  return lambda prompt: model.generate(prompt, 'concise', max_new_tokens=max_tokens, temperature=0.0,
-                                       max_tool_turns=0).text
+  generate = lambda prompt: model.generate(prompt, 'concise', max_new_tokens=max_tokens, temperature=0.0,
+                                           max_tool_turns=0).text
+  choose = lambda prompt, choices: choices[int(np.argmax(model.reply_logprobs(
+      [{'role': 'user', 'content': prompt}], list(choices), 'concise')))]
+  return generate, choose
 
 
 def _load_cache(judge: judge_lib.Judge, workdir: pathlib.Path) -> None:
@@ -97,9 +103,9 @@ def make(config: Any, workdir: str | os.PathLike | None) -> judge_lib.Judge | No
     # Its rollouts would run on one process under a mesh that spans them all (a verdict is its row owner's).
     raise errors.UserError("config.judge.backend='model' runs in one process only; under several processes "
                            "serve the judge model (python -m luckystar.serve) and use config.judge.backend='http'")
-  generate_fn = _model_generate_fn(judge_settings) if judge_settings['backend'] == 'model' else None
+  generate_fn, choose_fn = _model_fns(judge_settings) if judge_settings['backend'] == 'model' else (None, None)
   try:
-    judge = judge_lib.make_judge(judge_settings, generate_fn=generate_fn)
+    judge = judge_lib.make_judge(judge_settings, generate_fn=generate_fn, choose_fn=choose_fn)
   except ValueError as e:
     raise errors.UserError(str(e)) from None
   judge.identity = artifacts.plain(identity(judge_settings))

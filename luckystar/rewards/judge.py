@@ -9,8 +9,13 @@ whether a mixed Korean/English response is Korean. A judge is a callable
 None means the judge failed (timeout, server error, an answer that is neither
 YES nor NO): it is counted in `judge.stats.failures` (the metric judge/failures), by
 reason in `judge.failure_reasons`, its message (naming the server) in
-`judge.last_failure` and the log, and must never be read as False. Backends share the prompt, the verdict parsing and an LRU verdict cache;
-they differ only in how a prompt becomes text:
+`judge.last_failure` and the log, and must never be read as False.
+
+A judge also rates: `judge.rate(system_prompt, user_prompt)` is MT-Bench's 1-10 score of an
+answer the prompt shows (`engine.mtbench`, docs/evaluation.md), None on failure, counted the same way.
+
+Backends share the prompts, the parsing and an LRU cache of verdicts and ratings; they differ only in
+how a prompt becomes text:
 
 - `HttpJudge`: an OpenAI-compatible `/v1/chat/completions` endpoint, e.g. a
   vLLM server of our exported checkpoint (`vllm serve out/hf --port 8000`).
@@ -25,7 +30,10 @@ with `luckystar.engine.judging.make`, which also loads a 'model' backend's
 `guided_choice` (default on) asks the server to constrain its answer to YES or NO
 with vLLM's structured-choice extension: a judge then never wastes a request on a
 verdict it cannot parse (a chatty "The candidate..." cut at max_tokens), and a
-reasoning model cannot spend max_tokens thinking. vLLM and `python -m luckystar.serve`
+reasoning model cannot spend max_tokens thinking. A rating is the choice among
+RATING_CHOICES, `[[1]]` … `[[10]]`: the most likely rating replaces MT-Bench's free-text
+explanation ending in "[[rating]]", for the same reasons (no tokens spent on the
+explanation, never an unparseable reply). vLLM and `python -m luckystar.serve`
 accept it; a server without it (OpenAI's own API) refuses the request with a 400,
 counted as a failure: set `config.judge.guided_choice=False` for one.
 
@@ -48,7 +56,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from absl import logging
 
@@ -81,6 +89,11 @@ _VERDICT_WORDS = {'yes': True, 'true': True, '예': True, '네': True,
 _VERDICT_RE = re.compile(r'\b(' + '|'.join(sorted(_VERDICT_WORDS, key=len, reverse=True)) + r')\b', re.IGNORECASE)
 _THINKING_RE = re.compile(r'<think>.*?(?:</think>|\Z)', re.DOTALL | re.IGNORECASE)
 VERDICT_CHOICES = ('YES', 'NO')   # what guided_choice lets the server answer
+RATINGS = range(1, 11)            # MT-Bench's scale
+RATING_CHOICES = tuple(f'[[{rating}]]' for rating in RATINGS)   # FastChat's output format, as guided choices
+_RATING_RE = re.compile(r'\[\[(\d+)\]\]')
+_RATING_BACKUP_RE = re.compile(r'\[(\d+)\]')   # FastChat's backup pattern: a judge that drops a bracket
+_RATING_TEXTS = {str(rating): rating for rating in RATINGS}
 BACKENDS = ('none', 'http', 'model')
 # config.judge: every key with its default (luckystar.config.base); 'http' reads base_url, model, guided_choice,
 # timeout_s, retries, backoff_s, api_key_env; 'model' reads init_from; both read max_tokens and cache_size.
@@ -164,6 +177,12 @@ def cache_key(question: str, reference: str, candidate: str, criterion: str) -> 
   return hashlib.sha256(json.dumps([criterion, question, reference, candidate]).encode()).hexdigest()
 
 
+def rating_cache_key(system_prompt: str, user_prompt: str, guided: bool) -> str:
+  """A rating's key in the same cache: the whole prompt, and whether the choice was guided (the most likely
+  rating and a free-text one are different measurements)."""
+  return hashlib.sha256(json.dumps(['rating', system_prompt, user_prompt, guided]).encode()).hexdigest()
+
+
 class JudgeError(Exception):
   """The backend produced no usable text (network, server or payload failure). `reason` is its key in
   `Judge.failure_reasons`: one of FAILURE_REASONS."""
@@ -177,7 +196,8 @@ class _Retryable(JudgeError):
   """A failure that may pass: timeout, connection error, 429 or 5xx."""
 
 
-FAILURE_REASONS = ('timeout', 'connection', 'http_status', 'too_large', 'invalid_reply', 'not_a_verdict')
+FAILURE_REASONS = ('timeout', 'connection', 'http_status', 'too_large', 'invalid_reply', 'not_a_verdict',
+                   'not_a_rating')
 
 
 def render_prompt(question: str, reference: str, candidate: str, criterion: str) -> str:
@@ -207,9 +227,24 @@ def parse_verdict(text: str | None) -> bool | None:
   return found.pop() if len(found) == 1 else None
 
 
+def parse_rating(text: str | None) -> int | None:
+  """MT-Bench's "[[rating]]" → 1..10; None when absent or off the scale (0, 11, 8.5).
+
+  FastChat's patterns: `[[n]]`, else `[n]`. The last one counts, not FastChat's first: a judge may
+  echo the prompt's example "Rating: [[5]]" before its own. A <think> block is skipped.
+  """
+  if not isinstance(text, str):
+    return None
+  text = _THINKING_RE.sub(' ', text)
+  found = _RATING_RE.findall(text) or _RATING_BACKUP_RE.findall(text)
+  # A lookup, not int(): a hostile reply's thousand-digit "rating" is just off the scale.
+  return _RATING_TEXTS.get(found[-1].lstrip('0')) if found else None
+
+
 @dataclasses.dataclass
 class JudgeStats:
-  """Counters for metrics: calls = verdicts asked for, requests = backend attempts (retries included)."""
+  """Counters for metrics: calls = verdicts and ratings asked for, requests = backend attempts (retries
+  included)."""
   calls: int = 0
   cache_hits: int = 0
   requests: int = 0
@@ -220,30 +255,51 @@ class JudgeStats:
 
 
 class Judge:
-  """Prompt, cache, verdict parsing and counters; a backend implements `_complete(prompt) -> text`."""
+  """Prompts, cache, parsing and counters; a backend implements `_complete(prompt, system=, choices=) -> text`."""
+  guided_choice = False   # whether the backend constrains its answer to the choices (HttpJudge: a setting)
 
   def __init__(self, *, cache_size: int = 4096):
     if cache_size < 0:
       raise ValueError(f'cache_size must be ≥ 0 (0 disables the cache), got {cache_size}')
     self.cache_size = cache_size
     self.stats = JudgeStats()
-    self._cache: collections.OrderedDict[str, bool] = collections.OrderedDict()
+    self._cache: collections.OrderedDict[str, bool | int] = collections.OrderedDict()   # verdicts and ratings
     self._lock = threading.Lock()  # rollouts may judge from several threads
-    self.cache_version = 0     # verdicts cached so far: a persisted cache is rewritten only when it moved
-    # Why verdicts failed (FAILURE_REASONS → count; they sum to stats.failures) and the last one's message.
+    self.cache_version = 0     # answers cached so far: a persisted cache is rewritten only when it moved
+    # Why verdicts and ratings failed (FAILURE_REASONS → count; they sum to stats.failures), the last message.
     self.failure_reasons: collections.Counter[str] = collections.Counter()
     self.last_failure: str | None = None
     # What makes two judges' verdicts interchangeable (backend, server and model, prompt digest): set by
     # luckystar.engine.judging.make, the fingerprint of the cache it keeps in the workdir.
     self.identity: dict[str, Any] | None = None
 
-  def _complete(self, prompt: str) -> str:
+  def _complete(self, prompt: str, *, system: str | None = None, choices: Sequence[str] = VERDICT_CHOICES) -> str:
+    """The backend's reply to `prompt` (after `system`, a system message where the backend has one); a guided
+    backend answers one of `choices`. A JudgeError when there is no usable text."""
     raise NotImplementedError
 
   def __call__(self, question: str, reference: str, candidate: str, *, criterion: str) -> bool | None:
     """True/False verdict on `candidate` under `criterion`; None if the judge failed (counted)."""
     prompt = render_prompt(question, reference, candidate, criterion)
-    key = cache_key(question, reference, candidate, criterion)
+    return self._answer(cache_key(question, reference, candidate, criterion), lambda: self._complete(prompt),
+                        parse_verdict, 'not_a_verdict', 'the judge answered neither YES nor NO')
+
+  def rate(self, system_prompt: str, user_prompt: str) -> int | None:
+    """MT-Bench's rating, 1..10, of the answer `user_prompt` shows (a FastChat judge prompt, rendered); None if
+    the judge failed (counted, reason 'not_a_rating' for a reply without one).
+
+    Guided (HttpJudge's default), the server picks among RATING_CHOICES; otherwise the judge writes
+    FastChat's explanation and `parse_rating` reads its "[[rating]]": give it the tokens for that
+    (config.judge.max_tokens; FastChat allows 2048), or its reply is cut before the rating."""
+    return self._answer(
+        rating_cache_key(system_prompt, user_prompt, self.guided_choice),
+        lambda: self._complete(user_prompt, system=system_prompt or None, choices=RATING_CHOICES),
+        parse_rating, 'not_a_rating', 'the judge gave no rating [[1]] to [[10]] (cut at max_tokens?)')
+
+  def _answer(self, key: str, complete: Callable[[], str], parse: Callable[[str], Any], reason: str,
+              complaint: str) -> Any:
+    """The cached answer under `key`, else `parse(complete())`; None (counted under `reason` when the text does
+    not parse) if it fails."""
     with self._lock:
       self.stats.calls += 1
       if key in self._cache:
@@ -251,34 +307,37 @@ class Judge:
         self._cache.move_to_end(key)
         return self._cache[key]
     try:
-      text = self._complete(prompt)
+      text = complete()
     except JudgeError as error:
       self._count_failure(error.reason, str(error))
       return None
-    verdict = parse_verdict(text)
-    if verdict is None:
-      self._count_failure('not_a_verdict', f'the judge answered neither YES nor NO: {text[:200]!r}')
+    answer = parse(text)
+    if answer is None:
+      self._count_failure(reason, f'{complaint}: {text[:200]!r}')
       return None
     with self._lock:
-      if self.cache_size:  # only verdicts are cached: a failure is retried on the next call
-        self._cache[key] = verdict
+      if self.cache_size:  # only answers are cached: a failure is retried on the next call
+        self._cache[key] = answer
         self.cache_version += 1
         while len(self._cache) > self.cache_size:
           self._cache.popitem(last=False)
-    return verdict
+    return answer
 
-  def verdicts(self) -> dict[str, bool]:
-    """The cached verdicts by `cache_key`, least recently used first: what engine.judging persists."""
+  def verdicts(self) -> dict[str, bool | int]:
+    """The cached verdicts (by `cache_key`) and ratings (by `rating_cache_key`), least recently used first:
+    what engine.judging persists."""
     with self._lock:
       return dict(self._cache)
 
-  def preload(self, verdicts: Mapping[str, bool]) -> None:
-    """Verdicts an earlier run of the same judge cached (`verdicts()`), oldest first; asked again, they are
-    answered from the cache and count as cache hits. Entries that are not str → bool are skipped."""
+  def preload(self, verdicts: Mapping[str, bool | int]) -> None:
+    """Verdicts and ratings an earlier run of the same judge cached (`verdicts()`), oldest first; asked again,
+    they are answered from the cache and count as cache hits. Entries that are neither str → bool nor
+    str → a rating in RATINGS are skipped."""
     with self._lock:
-      for key, verdict in verdicts.items():
-        if isinstance(key, str) and isinstance(verdict, bool) and self.cache_size:
-          self._cache[key] = verdict
+      for key, answer in verdicts.items():
+        answer_ok = isinstance(answer, bool) or (_is_int(answer) and answer in RATINGS)
+        if isinstance(key, str) and answer_ok and self.cache_size:
+          self._cache[key] = answer
           self._cache.move_to_end(key)
       while len(self._cache) > self.cache_size:
         self._cache.popitem(last=False)
@@ -297,20 +356,28 @@ class Judge:
 
 
 class ModelJudge(Judge):
-  """A judge backed by any `generate_fn(prompt_text) -> text` (greedy decoding expected).
+  """A judge backed by any `generate_fn(prompt_text) -> text` (greedy decoding expected), and for ratings
+  optionally `choose_fn(prompt_text, choices) -> choice` (the most likely choice, as a server's guided choice;
+  a small model rarely spells FastChat's "[[rating]]" itself).
 
-  Errors raised by generate_fn propagate: an in-process model failing is a bug
-  to see, not a flaky network to retry.
+  It has no system message: a rating's system prompt goes before its prompt. Without choose_fn the rating
+  is read from the reply. Errors raised by generate_fn propagate: an in-process model failing is a bug to
+  see, not a flaky network to retry.
   """
 
-  def __init__(self, generate_fn: Callable[[str], str], *, cache_size: int = 4096):
+  def __init__(self, generate_fn: Callable[[str], str], *, choose_fn: Callable[[str, Sequence[str]], str] | None = None,
+               cache_size: int = 4096):
     super().__init__(cache_size=cache_size)
     if not callable(generate_fn):
       raise TypeError(f'generate_fn must be a callable prompt_text -> text, got {type(generate_fn).__name__}')
-    self.generate_fn = generate_fn
+    self.generate_fn, self.choose_fn = generate_fn, choose_fn
+    self.guided_choice = choose_fn is not None
 
-  def _complete(self, prompt: str) -> str:
+  def _complete(self, prompt: str, *, system: str | None = None, choices: Sequence[str] = VERDICT_CHOICES) -> str:
     self._count_request()
+    prompt = f'{system}\n\n{prompt}' if system else prompt
+    if self.choose_fn is not None and choices is RATING_CHOICES:
+      return self.choose_fn(prompt, choices)
     text = self.generate_fn(prompt)
     if not isinstance(text, str):
       raise JudgeError(f'generate_fn returned {type(text).__name__}, expected str')
@@ -399,8 +466,8 @@ def chat_completions_url(base_url: str) -> str:
 class HttpJudge(Judge):
   """A judge behind an OpenAI-compatible chat-completions server (vLLM, SGLang, TGI, ...).
 
-  Temperature 0 and a few output tokens; with `guided_choice`, the answer constrained to YES or NO
-  (vLLM's structured-choice extension, both its older `guided_choice` and newer
+  Temperature 0 and a few output tokens; with `guided_choice`, the answer constrained to YES or NO, or a
+  rating to RATING_CHOICES (vLLM's structured-choice extension, both its older `guided_choice` and newer
   `structured_outputs` spelling). Timeouts, connection errors, 429 and 5xx are retried `retries`
   (≤ MAX_RETRIES) times with exponential backoff (backoff_s, 2·backoff_s, ...): a refused connection
   fails at once, it waits for the backoff only, never for timeout_s. Other 4xx errors are the request's
@@ -432,12 +499,13 @@ class HttpJudge(Judge):
     self.guided_choice = guided_choice
     self._loopback = urllib.parse.urlsplit(self.url).hostname in _LOOPBACK
 
-  def payload(self, prompt: str) -> dict[str, Any]:
-    payload = {'model': self.model, 'messages': [{'role': 'user', 'content': prompt}],
-               'temperature': 0, 'max_tokens': self.max_tokens}
+  def payload(self, prompt: str, *, system: str | None = None, choices: Sequence[str] = VERDICT_CHOICES
+              ) -> dict[str, Any]:
+    messages = ([{'role': 'system', 'content': system}] if system else []) + [{'role': 'user', 'content': prompt}]
+    payload = {'model': self.model, 'messages': messages, 'temperature': 0, 'max_tokens': self.max_tokens}
     if self.guided_choice:  # both spellings: vLLM before and after it renamed the extension
-      payload['guided_choice'] = list(VERDICT_CHOICES)
-      payload['structured_outputs'] = {'choice': list(VERDICT_CHOICES)}
+      payload['guided_choice'] = list(choices)
+      payload['structured_outputs'] = {'choice': list(choices)}
     return payload
 
   def _opener(self, deadline: _Deadline) -> urllib.request.OpenerDirector:
@@ -525,8 +593,8 @@ class HttpJudge(Judge):
                        f'{text[:200]!r}')
     return content
 
-  def _complete(self, prompt: str) -> str:
-    body = json.dumps(self.payload(prompt)).encode()
+  def _complete(self, prompt: str, *, system: str | None = None, choices: Sequence[str] = VERDICT_CHOICES) -> str:
+    body = json.dumps(self.payload(prompt, system=system, choices=choices)).encode()
     for attempt in range(self.retries):
       try:
         return self._request(body)
@@ -539,15 +607,16 @@ class HttpJudge(Judge):
       raise JudgeError(f'{error} (gave up after {self.retries + 1} attempts)', error.reason) from error
 
 
-def make_judge(config: Mapping[str, Any] | None, *, generate_fn: Callable[[str], str] | None = None
-               ) -> Judge | None:
+def make_judge(config: Mapping[str, Any] | None, *, generate_fn: Callable[[str], str] | None = None,
+               choose_fn: Callable[[str, Sequence[str]], str] | None = None) -> Judge | None:
   """A judge from `config.judge`, or None when it is off (`backend: 'none'`, the default).
 
   Keys (DEFAULTS; a key left out takes its default): backend ('none' | 'http' | 'model'); for 'http':
   base_url, model, guided_choice, timeout_s, retries, backoff_s, max_tokens, api_key_env (the name
   of the environment variable holding the key, so the key never lands in config.json); cache_size for
   both. 'model' needs `generate_fn`, e.g. a loaded model's greedy generate (engine.judging.make builds
-  it from init_from and max_tokens), and ignores the http keys (a config may define them all).
+  it from init_from and max_tokens) and optionally `choose_fn` (ModelJudge), and ignores the http keys (a
+  config may define them all).
   A config `config_problems` finds fault with is a ValueError naming every faulty key.
   """
   if config is None:
@@ -563,7 +632,7 @@ def make_judge(config: Mapping[str, Any] | None, *, generate_fn: Callable[[str],
       raise ValueError("config.judge.backend='model' needs generate_fn= (a callable prompt_text -> text, "
                        "e.g. a loaded luckystar model's greedy generate; luckystar.engine.judging.make builds it "
                        'from config.judge.init_from)')
-    return ModelJudge(generate_fn, cache_size=config['cache_size'])
+    return ModelJudge(generate_fn, choose_fn=choose_fn, cache_size=config['cache_size'])
   api_key = os.environ.get(config['api_key_env']) if config['api_key_env'] else None
   return HttpJudge(config['base_url'], config['model'], api_key=api_key,
                    **{key: config[key] for key in ('timeout_s', 'retries', 'backoff_s', 'max_tokens', 'guided_choice',

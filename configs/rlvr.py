@@ -5,8 +5,8 @@
 
 Starts from `tiny-sft`; selects RL prompts whose pass rate at k = 8 lies in [1/8, 7/8] (candidates
 per task, `selection_prompts`; cached in the workdir), then each step samples `samples_per_prompt`
-rollouts of `batch_size` prompts with the tool loop (SQL, calculator), scores them (correctness −
-penalty·language mismatch), and takes one RLOO update. Held-out correctness and Korean→English mismatch (`eval/*`,
+rollouts of `batch_size` prompts with the tool loop (SQL, calculator), scores them (`reward`: correctness −
+language mismatch), and takes one RLOO update. Held-out correctness and Korean→English mismatch (`eval/*`,
 reasoning mode, greedy; `eval/sampled/*`, pass@1 of 2 draws at the sampling temperature;
 `eval_prompts` prompts with the RL task/language mix) are logged at step 0 and at the end.
 Re-running the same command on the same workdir resumes.
@@ -40,9 +40,12 @@ def get_config(arg=None):
       sources='bundled:chat,bundled:function_calling,bundled:math,bundled:nl2sql',
       eval_sources='',             # held-out eval prompts; '' = the held-out split of the bundled suites
       samples_per_prompt=8,
-      # r = correctness − penalty·[response language ≠ prompt language]. 1.0, not the paper's 0.5, which still
-      # pays a correct English answer to a Korean prompt more than a wrong Korean one (experiments/language_penalty.md).
-      language_penalty=1.0,
+      # r = Σ weight · term (docs/rl.md#reward-terms): correctness − 1·[response language ≠ prompt language]. 1, not
+      # the paper's 0.5, which still pays a correct English answer to a Korean prompt more than a wrong Korean one
+      # (experiments/language_penalty.md). Terms: correct, language_mismatch, overlong_soft, format, length.
+      reward='correct:1,language_mismatch:-1',
+      language_penalty=config_dict.placeholder(float),   # set: p means language_mismatch:-p (an alias for sweeps)
+      overlong_cache=config_dict.placeholder(int),       # overlong_soft's ramp in tokens; unset: a fifth of the budget
       drop_overlong=True,          # overlong rollouts leave the baseline and the loss
       # The method's options (docs/rl.md#advantage-estimators, #policy-loss-options).
       advantage='rloo',            # or 'grpo', 'dr_grpo', 'reinforce_pp' (luckystar.engine.advantages)

@@ -17,6 +17,7 @@ from luckystar import errors
 from luckystar import files
 from luckystar.engine import artifacts, checkpoint
 from luckystar.rewards import judge as judge_lib
+from luckystar.rewards import terms
 from luckystar.tokenizer import formats
 
 # config.stage → luckystar/stages/<stage>.py with `run(config, workdir)`, imported by name when it runs (main,
@@ -97,8 +98,21 @@ def check(config: ml_collections.ConfigDict) -> None:
     problems.append(f'config.chat_format={config.chat_format!r} is not one of {formats.CHOICES}')
   problems += [problem for where, judge in _judge_configs(config.to_dict())
                for problem in judge_lib.config_problems(judge, where)]
+  problems += _reward_problems(flatten(config.to_dict()))
   if problems:
     raise errors.UserError('; '.join(problems))
+
+
+def _reward_problems(flat: dict) -> list[str]:
+  """The `rlvr.reward` / `rlvr.language_penalty` errors (docs/rl.md#reward-terms) of every RLVR section."""
+  problems = []
+  for key in flat:
+    if key == 'rlvr.reward' or key.endswith('.rlvr.reward'):
+      try:
+        terms.weights_of(flat[key], flat.get(key.removesuffix('reward') + 'language_penalty'))
+      except errors.UserError as e:
+        problems.append(str(e).replace(terms.REWARD_KEY, f'config.{key}'))
+  return problems
 
 
 # Keys a `--config.<key>=V` flag may set although the config file does not define them with that shape (a locked

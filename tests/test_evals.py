@@ -158,6 +158,7 @@ def test_evaluate_scores_with_the_judge(monkeypatch):
 def test_generate_and_score_passes_the_judge(monkeypatch):
   import types
   from luckystar.engine import rollouts
+  from luckystar.rewards import terms
   from luckystar.tokenizer import AssistantTurn
   example = _unverifiable_example()
 
@@ -168,7 +169,7 @@ def test_generate_and_score_passes_the_judge(monkeypatch):
   monkeypatch.setattr(rollouts.sampling, 'rollout', rollout)
   options = dict(samples_per_prompt=2, sampling_settings=types.SimpleNamespace(
       max_new_tokens=8, temperature=1.0, top_k=0, top_p=1.0), max_tool_turns=1, max_tool_result_tokens=8,
-                 language_penalty=0.5, drop_overlong=True)
+                 reward=terms.build(budget=8, language_penalty=0.5, drop_overlong=True))
   (group,) = rollouts.generate_and_score(None, None, None, [example], [[1, 2]], jax.random.key(0), **options)
   assert [s.verdict.reward for s in group] == [None, None] and not any(s.survived for s in group)
   asked = []

@@ -17,6 +17,7 @@ from luckystar import sampling
 from luckystar.data import conversations
 from luckystar.data.examples import Example
 from luckystar.rewards import reward as reward_lib
+from luckystar.rewards import terms
 from luckystar.tokenizer import Tokenizer
 
 
@@ -29,7 +30,7 @@ class Scored:
 
   @property
   def survived(self) -> bool:
-    """In RLOO's baseline and loss: scorable, and not a dropped overlong rollout (reward None)."""
+    """In the baseline and loss: scorable, and not a dropped overlong rollout (reward None)."""
     return self.verdict.reward is not None
 
 
@@ -47,14 +48,14 @@ def task_tools(examples: Sequence[Example]) -> sampling.ToolFn:
 def generate_and_score(model_config: model.ModelConfig, params: Any, tokenizer: Tokenizer, examples: Sequence[Example],
                        prompts: Sequence[Sequence[int]], rng: jax.Array, *, samples_per_prompt: int,
                        sampling_settings: Any, max_tool_turns: int, max_tool_result_tokens: int,
-                       language_penalty: float, drop_overlong: bool, judge: Any = None,
+                       reward: terms.Reward, judge: Any = None,
                        slots: int | None = None, progress: Any = None) -> list[list[Scored]]:
   """`samples_per_prompt` rollouts of each prompt, scored by the verifiers: [prompts][k].
 
   Rollout j of prompt i is row i·k + j, the global id that keys its draws (`sampling`);
   `slots` and `progress` are `sampling.rollout`'s (default a slot per rollout).
-  sampling_settings: temperature, top_k, top_p, max_new_tokens (`config.sampling`). With
-  `drop_overlong`, an overlong rollout gets reward None (out of RLOO's baseline and loss). judge: the
+  sampling_settings: temperature, top_k, top_p, max_new_tokens (`config.sampling`). reward: the built
+  reward (`rewards.terms.build`) that sets each verdict's `reward` (None: out of the baseline and loss). judge: the
   stage's LLM judge (`engine.judging.make`), asked where the rules cannot decide; None: rules only.
   Several processes: each calls this with every prompt; a rollout is scored by its row's owner
   (`distributed.run_owned`) and every process gets every verdict."""
@@ -68,8 +69,8 @@ def generate_and_score(model_config: model.ModelConfig, params: Any, tokenizer: 
   def score(n):
     rollout = results[n]
     verdict = reward_lib.score(examples[rows[n]], rollout.final_turn, rollout.actions,
-                               tool_results=rollout.tool_results, language_penalty=language_penalty, judge=judge)
-    return dataclasses.replace(verdict, reward=None) if rollout.overlong and drop_overlong else verdict
+                               tool_results=rollout.tool_results, judge=judge)
+    return dataclasses.replace(verdict, reward=reward(examples[rows[n]], rollout, verdict))
 
   groups = [[] for _ in examples]
   verdicts = distributed.run_owned(score, range(len(rows)), len(rows))   # each process scores its rows

@@ -96,6 +96,7 @@ from luckystar.engine import step as step_lib
 from luckystar.model import sharding
 from luckystar.rewards import choice
 from luckystar.rewards import reward as reward_lib
+from luckystar.rewards import terms
 from luckystar.tokenizer import Tokenizer
 
 LOSS_TYPES = ('sigmoid', 'robust', 'ipo', 'hinge')
@@ -392,7 +393,7 @@ def sampled(config, model_config: model.ModelConfig, params: Any, tokenizer: Tok
       model_config, params, tokenizer, examples, rng, batch_rows=settings.sampling_batch,
       samples_per_prompt=settings.samples_per_prompt, mode=mode, desc=desc, sampling_settings=config.sampling,
       max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
-      language_penalty=0.0, drop_overlong=False)
+      reward=terms.correctness(config.sampling.max_new_tokens))
 
 
 def build_pairs(config, model_config: model.ModelConfig, params: Any, tokenizer: Tokenizer,

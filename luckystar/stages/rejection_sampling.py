@@ -49,6 +49,7 @@ from luckystar.engine import metrics as metrics_lib
 from luckystar.engine import state as state_lib
 from luckystar.model import sharding
 from luckystar.rewards import language
+from luckystar.rewards import terms
 from luckystar.tokenizer import Tokenizer
 
 TRACES_FILE = 'rs_traces.jsonl'
@@ -253,13 +254,13 @@ def sample(config, workdir: pathlib.Path) -> tuple[dict[str, Any], artifacts.Fil
   logging.info('rejection sampling: %d prompts × %d samples from %r', len(examples), samples, config.init_from)
   judge = judging.make(config, workdir)   # asked only where the verifier cannot decide; None by default
   traces, results, started = [], [], time.time()
-  # No language penalty or overlong drop here: rejection sampling keeps traces by its own rules.
+  # Correctness alone, no overlong drop: rejection sampling keeps traces by its own rules.
   with sharding.activate(mesh):
     groups = rollouts.sample_groups(
         model_config, params, tokenizer, examples, jax.random.key(config.seed), batch_rows=settings.batch_size,
         samples_per_prompt=samples, mode=MODE, desc='rejection sampling', sampling_settings=config.sampling,
         max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
-        language_penalty=0.0, drop_overlong=False, judge=judge)
+        reward=terms.correctness(config.sampling.max_new_tokens), judge=judge)
   for example, prompt_ids, group in groups:
     decisions = trace_decisions(example.language, [candidate(scored) for scored in group])
     results.append(PromptResult(example.task, example.language, tuple(s.verdict.correct for s in group),

@@ -41,6 +41,7 @@ from luckystar.engine import artifacts, evals, judging, logprobs, loop, optim, p
 from luckystar.engine import state as state_lib
 from luckystar.engine import step as step_lib
 from luckystar.model import sharding
+from luckystar.rewards import terms
 from luckystar.tokenizer import Tokenizer
 
 NORMALIZATIONS = ('tokens', 'sequences')
@@ -229,8 +230,16 @@ def rollout_options(config, judge=None) -> dict[str, Any]:
   rules cannot."""
   settings = config.rlvr
   return dict(sampling_settings=config.sampling, max_tool_turns=settings.max_tool_turns,
-              max_tool_result_tokens=settings.max_tool_result_tokens, language_penalty=settings.language_penalty,
-              drop_overlong=settings.drop_overlong, judge=judge)
+              max_tool_result_tokens=settings.max_tool_result_tokens, reward=reward_of(config), judge=judge)
+
+
+def reward_of(config) -> terms.Reward:
+  """The built reward (docs/rl.md#reward-terms): `config.rlvr.reward` with its `language_penalty` alias, the
+  overlong drop, and the rollout budget `config.sampling.max_new_tokens` as overlong_soft's L_max."""
+  settings = config.rlvr
+  return terms.build(settings.reward, budget=config.sampling.max_new_tokens,
+                     language_penalty=settings.get('language_penalty'), overlong_cache=settings.get('overlong_cache'),
+                     drop_overlong=settings.drop_overlong)
 
 
 def _fingerprint(config, tokenizer: Tokenizer) -> dict:
@@ -364,6 +373,7 @@ def check_config(config) -> None:
   """The config errors `run` would otherwise meet only after prompt selection (minutes of rollouts)."""
   for key in CHOICES:
     check_choice(config, key)
+  reward_of(config)   # an unknown term, a bad weight, a language_penalty conflict
   if not config.sampling.temperature > 0:   # the loss divides logits by it: 0 would make every update NaN (skipped)
     raise errors.UserError(f'config.sampling.temperature={config.sampling.temperature}: RLVR samples its '
                            'rollouts and scores them at this temperature, so it must be > 0')

@@ -58,9 +58,17 @@ def pad_vocab(config: ModelConfig, params: Any | None, multiple: int) -> tuple[M
 
 
 def apply(config: ModelConfig, params: Any, tokens: jax.Array, positions: jax.Array | None = None,
-          segment_ids: jax.Array | None = None, logit_columns: jax.Array | None = None) -> jax.Array:
-  """Pure forward pass: tokens [B, T] → logits [B, T, V] float32, or [B, M, V] at `logit_columns` [B, M]."""
-  return Decoder(config).apply({'params': params}, tokens, positions, segment_ids, logit_columns=logit_columns)
+          segment_ids: jax.Array | None = None, logit_columns: jax.Array | None = None,
+          features_only: bool = False) -> jax.Array:
+  """Pure forward pass: tokens [B, T] → logits [B, T, V] float32, or [B, M, V] at `logit_columns` [B, M];
+  features_only: the final hidden states there instead ([..., E], for `head`)."""
+  return Decoder(config).apply({'params': params}, tokens, positions, segment_ids, logit_columns=logit_columns,
+                               features_only=features_only)
+
+
+def head(config: ModelConfig, params: Any, hidden: jax.Array) -> jax.Array:
+  """The final norm and vocabulary projection of `apply(..., features_only=True)`'s states: logits [..., V]."""
+  return Decoder(config).apply({'params': params}, None, hidden=hidden)
 
 
 # ---- KV-cache decoding (the layout is described in model/cohere2.py's docstring) ----

@@ -298,14 +298,18 @@ class Decoder(nn.Module):
   after a prefill. Without a cache,
   `logit_columns` [B, M] int returns logits at those columns only ([B, M, V]): a loss that scores a
   few positions skips most of the vocabulary projection (a large share of a small model's FLOPs).
+  `features_only` returns the final hidden states there instead ([B, M, E], before the final norm), and
+  `hidden` runs the head alone on such states: a loss projects them onto the vocabulary in chunks.
   """
   config: ModelConfig
 
   @nn.compact
   def __call__(self, tokens: Array, positions: Array | None = None, segment_ids: Array | None = None,
                cache: dict[str, Any] | None = None, last_only: bool = False, logit_columns: Array | None = None,
-               lengths: Array | None = None):
+               lengths: Array | None = None, features_only: bool = False, hidden: Array | None = None):
     cfg = self.config
+    if hidden is not None:   # the head alone, on states a features_only call returned
+      return self._logits(hidden, self._embedding())
     if cache is not None:
       if positions is not None or segment_ids is not None:
         raise ValueError('with a cache, positions come from cache["index"]; do not pass positions/segment_ids')
@@ -325,7 +329,7 @@ class Decoder(nn.Module):
     x, _ = scanned(cfg, name='layers')(x, positions, segment_ids)
     if logit_columns is not None:  # [B, M]: the vocabulary projection only where a loss needs it
       x = jnp.take_along_axis(x, logit_columns[..., None], axis=1)
-    return self._logits(x, embedding)
+    return x if features_only else self._logits(x, embedding)
 
   def _embedding(self) -> Array:
     cfg = self.config

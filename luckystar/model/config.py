@@ -41,6 +41,9 @@ class ModelConfig:
   # Training attention backend (model.attention): 'auto' picks per platform and row length.
   attention_impl: str = 'auto'
   attention_block: int = 512          # query and key block of the blockwise and splash backends
+  # Losses project onto the vocabulary this many scored columns at a time, recomputed in the backward pass, so
+  # the logits never exist for the whole batch (engine.logprobs); 0: only when they would pass LOGITS_BUDGET.
+  loss_chunk: int = 0
   # Weight-only int quantization of the dense layers through AQT: a luckystar.quant.QuantSettings
   # (mode train / convert / serve), or None for float kernels.
   quant: Any = None
@@ -62,6 +65,8 @@ class ModelConfig:
                        f'num_kv_heads {self.num_kv_heads} do not divide evenly')
     if self.remat_policy not in REMAT_POLICY_NAMES:
       raise ValueError(f'remat_policy {self.remat_policy!r} is not one of {REMAT_POLICY_NAMES}')
+    if not isinstance(self.loss_chunk, int) or self.loss_chunk < 0:
+      raise ValueError(f'loss_chunk must be an int ≥ 0 (0: automatic), got {self.loss_chunk!r}')
     if self.remat_scope not in REMAT_SCOPES:
       raise ValueError(f'remat_scope {self.remat_scope!r} is not one of {REMAT_SCOPES}')
     if self.attention_impl not in ATTENTION_IMPLS:

@@ -193,7 +193,7 @@ def _scripted_messages(example, script, tool_fn, row):
     if script == 'wrong':
       messages[first] = {**messages[first], 'action': json.dumps(
           {'tool_name': 'execute_sql', 'parameters': {'query': 'SELECT 999999'}})}
-    messages[first + 1] = {'role': 'tool', 'content': tool_fn(row, messages[first]['action'])}
+    messages[first + 1] = {'role': 'tool', 'content': '\n\n'.join(tool_fn(row, messages[first]['action']))}
   return messages
 
 

@@ -1,7 +1,7 @@
 """The RL method's options by name (docs/rl.md#advantage-estimators, #policy-loss-options): each advantage
 estimator, policy-loss option and DPO loss against an independent numpy reference, and the defaults against
 copies of the formulas they replaced, bit for bit. The model is replaced by fixed logits: no compile of a
-network, so the whole file is fast."""
+network; the quick ones are in the fast tier."""
 
 import functools
 import pathlib
@@ -21,7 +21,6 @@ from luckystar.engine import logprobs
 from luckystar.engine import step as step_lib
 from luckystar.stages import dpo, rlvr
 
-pytestmark = pytest.mark.fast
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / 'configs'
 
 # ---- advantage estimators -----------------------------------------------------------------------
@@ -66,6 +65,7 @@ def _groups(seed, prompts=7, k=5, continuous=False):
   return rewards, survived
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize('name', list(advantages_lib.ESTIMATORS))
 @pytest.mark.parametrize('seed, k, continuous', [(0, 5, False), (1, 8, False), (2, 3, False), (3, 6, True)])
 def test_each_estimator_equals_its_numpy_reference(name, seed, k, continuous):
@@ -79,6 +79,7 @@ def test_each_estimator_equals_its_numpy_reference(name, seed, k, continuous):
     np.testing.assert_allclose(advantages[:2], 0, atol=1e-6)
 
 
+@pytest.mark.fast
 def test_group_estimators_are_rescaled_rloo():
   rewards, survived = _groups(4, k=6)
   rloo, used = advantages_lib.rloo_advantages(rewards, survived)
@@ -104,6 +105,7 @@ def _todays_rloo_advantages(rewards, survived):
 @hypothesis.given(st.integers(1, 6).flatmap(lambda k: st.tuples(
     st.lists(st.lists(st.floats(-2, 2, width=32), min_size=k, max_size=k), min_size=1, max_size=5),
     st.lists(st.lists(st.booleans(), min_size=k, max_size=k), min_size=5, max_size=5))))
+@pytest.mark.fast
 def test_the_default_estimator_is_todays_rloo_bit_for_bit(data):
   rewards, survived = np.array(data[0], np.float32), np.array(data[1][:len(data[0])])
   new, new_used = advantages_lib.ESTIMATORS['rloo'](rewards, survived)
@@ -219,6 +221,7 @@ def test_clipping_options_equal_the_numpy_reference(fixed_logits, clip_epsilon, 
   assert 0 < clip_fraction < 1
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize('kl_estimator', list(rlvr.KL_ESTIMATORS))
 def test_each_kl_estimator_equals_the_numpy_reference(fixed_logits, kl_estimator):
   batch = _policy_batch(fixed_logits, 1.0)
@@ -266,6 +269,7 @@ def _todays_loss_fn(params, batch, rng, *, model_config, temperature=1.0, clip_e
 
 @pytest.mark.parametrize('settings', [dict(), dict(kl_beta=0.1, normalize='sequences'),
                                       dict(clip_epsilon=0.2, kl_beta=0.1)])
+@pytest.mark.fast
 def test_default_options_give_todays_loss_bit_for_bit(fixed_logits, settings):
   """Unset clip_low / clip_high and kl_estimator='k3' trace today's program (without clipping, the same jaxpr, so
   the same compiled step), and give today's loss, metrics and gradient to the bit."""
@@ -301,6 +305,7 @@ def test_token_normalisation_is_dapos_batch_token_mean_under_accumulation(fixed_
 # ---- DPO losses --------------------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_each_dpo_loss_type_equals_the_numpy_reference():
   rng = np.random.default_rng(5)
   chosen, rejected = rng.normal(0, 3, 64).astype(np.float32), rng.normal(0, 3, 64).astype(np.float32)
@@ -385,6 +390,7 @@ def test_dpo_ld_alpha_equals_the_numpy_reference_and_one_is_todays_loss(pair_log
 # ---- config ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_the_shipped_configs_default_to_todays_method():
   rl = config_lib.from_file(CONFIGS / 'rlvr.py').rlvr
   assert (rl.advantage, rl.kl_estimator, rl.normalize) == ('rloo', 'k3', 'tokens')
@@ -392,6 +398,7 @@ def test_the_shipped_configs_default_to_todays_method():
   assert config_lib.from_file(CONFIGS / 'dpo.py').dpo.ld_alpha == 1.0
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize('key, value', [('advantage', 'ppo'), ('kl_estimator', 'k4'), ('normalize', 'batch_tokens')])
 def test_a_bad_choice_is_one_error_naming_the_key(key, value):
   config = config_lib.from_file(CONFIGS / 'rlvr.py')
@@ -400,6 +407,7 @@ def test_a_bad_choice_is_one_error_naming_the_key(key, value):
     rlvr.check_config(config)
 
 
+@pytest.mark.fast
 def test_bad_numbers_and_dpo_loss_types_are_errors_naming_the_key():
   config = config_lib.from_file(CONFIGS / 'rlvr.py')
   config.rlvr.clip_high = -0.1

@@ -98,7 +98,6 @@ def test_other_system_messages_follow_the_preamble(client, model):
   assert reply['usage']['prompt_tokens'] == prompt_tokens(model, [system('Be brief.'), user(QUESTION)], 'concise')
 
 
-@pytest.mark.fast
 def test_a_requests_tools_are_rendered_as_the_exported_template_renders_them(client, model):
   """`tools` sit between the preamble and a system message (as training and our export's chat template show
   them); a bad enable_thinking is a 400 naming it."""

@@ -16,8 +16,6 @@ from luckystar.engine import logprobs
 from luckystar.engine import metrics
 from luckystar.stages import sft
 
-pytestmark = pytest.mark.fast
-
 # Small enough to compile in a few seconds; 4 heads / 2 KV heads so tensor=2 shards it.
 MICRO = model.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                           num_kv_heads=2, layer_types=model.pattern_layer_types(2, 2), sliding_window=4)
@@ -50,6 +48,7 @@ DOC_A = ([5, 6, 7, 8, 9], [0, 0, 1, 1, 1])
 DOC_B = ([10, 11, 12, 13], [0, 1, 1, 1])   # its first token is trained on … but never as a target of doc A
 
 
+@pytest.mark.fast
 def test_targets_are_shifted_masked_and_stay_in_their_document():
   batch = _stack(_row(DOC_A, DOC_B, length=12))
   targets, weights = logprobs.next_token_targets(batch)
@@ -67,6 +66,7 @@ def micro_loss():
   return params, jax.jit(lambda batch: logprobs.token_cross_entropy(params, batch, None, model_config=MICRO))
 
 
+@pytest.mark.fast
 def test_loss_is_token_mean_cross_entropy_over_trained_tokens_only(micro_loss):
   params, loss = micro_loss
   batch = _stack(_row(DOC_A, DOC_B, length=12), _row(DOC_B, length=12))
@@ -81,6 +81,7 @@ def test_loss_is_token_mean_cross_entropy_over_trained_tokens_only(micro_loss):
   assert 0.0 <= float(aux['accuracy']) <= 1.0
 
 
+@pytest.mark.fast
 def test_packed_loss_equals_documents_alone(micro_loss):
   """Packing changes nothing: no attention, position or target crosses a document boundary."""
   _, loss = micro_loss
@@ -90,6 +91,7 @@ def test_packed_loss_equals_documents_alone(micro_loss):
   np.testing.assert_allclose(float(packed['loss']), float(alone['loss']), rtol=1e-5)
 
 
+@pytest.mark.fast
 def test_score_columns_give_the_same_loss_and_gradient():
   """`with_score_columns` projects onto the vocabulary only at trained columns; loss, accuracy, count
   and gradient are those of the full projection (padding columns -1 never count)."""
@@ -121,7 +123,8 @@ def _random_batch(rows, length, seed):
 
 @pytest.fixture(scope='module')
 def runs(tmp_path_factory):
-  """An uninterrupted smoke run, and one killed after step 3 (checkpoint at 2) then re-run."""
+  """An uninterrupted smoke run, and one killed after step 3 (checkpoint at 2) then re-run (about a minute: its
+  tests are in the full suite, not the fast tier)."""
   return main_runs.whole_and_resumed('configs/sft.py:smoke', tmp_path_factory.mktemp('sft'), crash_after=3)
 
 
@@ -192,6 +195,7 @@ def test_finished_run_rerun_changes_nothing(runs, capsys):
   assert sorted(p.name for p in (whole / 'checkpoints').iterdir()) == ['2', '4']
 
 
+@pytest.mark.fast
 def test_a_seq_len_that_cuts_every_trained_token_of_a_source_is_named():
   """Packing cuts at seq_len: a source trained only past it would skip every step, so it is an error."""
   long_prompt = {'tokens': np.arange(100), 'loss_mask': np.r_[np.zeros(90), np.ones(10)]}

@@ -49,7 +49,7 @@ setuptools.setup(
         # `python -m luckystar.serve` (tested: fastapi 0.165, starlette 1.10, uvicorn 0.55); httpx2 is the client
         # that Starlette's TestClient runs on (tests/test_serve.py, docs/serving.md).
         'serve': ['fastapi>=0.165,<1', 'uvicorn>=0.30,<1', 'httpx2>=2,<3'],
-        # The same-run peer of experiments/benchmarks/rloo_step.py (TRL's RLOOTrainer), pinned so that
+        # The same-run peer of experiments/benchmarks/rlvr_step.py (TRL's RLOOTrainer), pinned so that
         # measurements compare against one release.
         'bench': ['trl==1.16.0'],
         # `tensorboard --logdir=DIR`, the curves every run's summary points to (the events are tensorboardX's).

@@ -49,6 +49,7 @@ def get_config(arg=None):
       drop_overlong=True,          # overlong rollouts leave the baseline and the loss
       # The method's options (docs/rl.md#advantage-estimators, #policy-loss-options).
       advantage='rloo',            # or 'grpo', 'dr_grpo', 'reinforce_pp' (luckystar.engine.advantages)
+      dynamic_sampling=0,          # n > 0: DAPO's dynamic sampling, ≤ n refill rounds of batch_size prompts per step
       kl_beta=0.0,                 # 0 ⇒ no reference params held in memory
       kl_estimator='k3',           # or 'k1', 'k2' (Schulman's KL estimators)
       clip_epsilon=0.0,            # > 0: PPO-style ratio clipping (with updates_per_batch > 1)
@@ -67,7 +68,7 @@ def get_config(arg=None):
       select_pass_rate=(0.125, 0.875),
       selection_batch=128,         # rollouts per sampling call during selection
       eval_prompts=200,
-      eval_split='heldout',        # 'train': new questions over the training databases (rloo.reserve_eval)
+      eval_split='heldout',        # 'train': new questions over the training databases (engine.curriculum.reserve_eval)
       eval_modes=('reasoning',),
       eval_samples=2,              # + eval/sampled/*: pass@1 over 2 draws per held-out prompt at config.sampling; 0: off
       eval_batch_size=64,

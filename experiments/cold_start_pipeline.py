@@ -61,7 +61,7 @@ def copy_phase(data: str = 'copy', **changes) -> ml_collections.ConfigDict:
 def nl2sql_rl(init_from: str, **changes) -> ml_collections.ConfigDict:
   """RLOO on NL2SQL alone, every candidate kept (no [1/8, 7/8] filter: the point is to see the signal), and
   no language penalty, so a group's rewards vary only where its correctness does. Held-out: new questions
-  over the training databases (`rloo.reserve_eval`, drawn before prompt selection); the student learns NL2SQL
+  over the training databases (`engine.curriculum.reserve_eval`, drawn before prompt selection); the student learns NL2SQL
   from traces over those alone. The paper pipeline's NL2SQL arms, at this experiment's sizes."""
   return stage('rlvr', init_from=init_from, **{**dict(
       total_steps=6, checkpoint_every=3, rlvr__language_penalty=0.0, rlvr__sources='bundled:nl2sql',
@@ -110,7 +110,7 @@ def cold_start_stages() -> dict[str, ml_collections.ConfigDict]:
                                 'rs_traces:@rejection_sampling/rs_traces.jsonl@0.35,bundled:copy_schema@0.2'),
       # RLOO from the SFT with docs/rl.md's prompt selection ([1/8, 7/8] at k = 8): without it, 98% of its groups
       # had zero variance and one lucky group in 16 steps was all the signal it got (the 4.2% → 0.0% run in
-      # experiments/cold_start.md). The held-out set is reserved first (`rloo.reserve_eval`), and selection
+      # experiments/cold_start.md). The held-out set is reserved first (`engine.curriculum.reserve_eval`), and selection
       # measures every prompt left (216; 512 is "all"): 31 kept, where 128 candidates measured beside the
       # held-out set kept 14. Overlong rollouts count as wrong: dropped (the default), they were 50% of the RL
       # batches by step 30 and held-out format_ok fell 62% → 26% over 48 steps. Sampled held-out pass@1

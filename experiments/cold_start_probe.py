@@ -6,7 +6,7 @@
 (with luckystar installed, `pip install -e .`, or PYTHONPATH=. from the repository root)
 
 Reads a cold-start run (`experiments/cold_start_pipeline.py`, experiments/cold_start.py): the RLOO arm's config,
-its held-out set (`rloo.reserve_eval`, drawn again from the same config) and its prompt selection
+its held-out set (`engine.curriculum.reserve_eval`, drawn again from the same config) and its prompt selection
 (`prompt_selection.json`). For each policy (a stage directory of the run) it prints, on the held-out set:
 greedy correctness and format per question template, and greedy correctness split by *value coverage*:
 whether every value the question names (a city, a category, a person) also occurs in one of the prompts RL
@@ -31,7 +31,8 @@ from luckystar import errors
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data.examples import Example
 from luckystar.engine import evals as core
-from luckystar.stages import rlvr as rloo
+from luckystar.engine import curriculum
+from luckystar.stages import rlvr
 
 import cold_start_data  # noqa: F401  (registers the prompt sources a run's config.rlvr.sources may name)
 
@@ -72,7 +73,7 @@ def main() -> None:
   parser.add_argument('--samples', type=int, default=16, help='samples per question for the pass rate; 0: skip')
   args = parser.parse_args()
   workdir = pathlib.Path(args.workdir)
-  config_path, selection_path = workdir / ARM / 'config.json', workdir / ARM / rloo.SELECTION_FILE
+  config_path, selection_path = workdir / ARM / 'config.json', workdir / ARM / curriculum.SELECTION_FILE
   for path in (config_path, selection_path):
     if not path.is_file():
       raise SystemExit(f'{path}: not found; run experiments/cold_start.py --workdir={workdir} first')
@@ -83,7 +84,7 @@ def main() -> None:
     raise SystemExit(f'{config_path}: config.rlvr.eval_split={config.rlvr.eval_split!r}; this probe reads the '
                      "cold start's reserved held-out set (eval_split='train')")
   tokenizer = tokenizer_lib.default()
-  heldout, pool = rloo.reserve_eval(config, tokenizer, rloo.prompt_pool(config.rlvr, 'train', tokenizer,
+  heldout, pool = curriculum.reserve_eval(config, tokenizer, curriculum.prompt_pool(config.rlvr, 'train', tokenizer,
                                                                         seed=config.seed)[0])
   kept = set(json.loads(selection_path.read_text())['kept'])
   selected = [e for e in pool if e.id in kept]
@@ -93,7 +94,7 @@ def main() -> None:
         f'{sorted(rl_templates)}, naming {len(rl_values)} distinct values')
   questions = [e for e in heldout if template(e) in rl_templates]       # the held-out questions RL could reach
   coverage = {e.id: COVERAGE[covered(e, rl_values)] for e in questions}
-  greedy = rloo.eval_settings(config)
+  greedy = rlvr.eval_settings(config)
   for name in args.policies.split(','):
     policy = luckystar.load(str(workdir / name))
     results = core.run_examples(policy.config, policy.params, tokenizer, heldout, 'reasoning', greedy)
@@ -106,8 +107,9 @@ def main() -> None:
     print('\n| held-out questions of RL\'s templates | questions | correct | format_ok |\n|---|---|---|---|')
     print('\n'.join(table((key, *by_coverage[key]) for key in COVERAGE.values())))
     if args.samples:
-      rates = rloo.pass_rates(config, policy.config, policy.params, tokenizer, questions, args.samples,
-                              jax.random.key(config.seed + 1), desc=f'{name}: pass rates')
+      rates = curriculum.pass_rates(config, policy.config, policy.params, tokenizer, questions, args.samples,
+                                    jax.random.key(config.seed + 1), options=rlvr.rollout_options(config),
+                                    desc=f'{name}: pass rates')
       print(f'\npass rate at k = {args.samples}, temperature {config.sampling.temperature}, held-out questions of '
             'RL\'s templates:\n\n| held-out questions of RL\'s templates | questions | mean pass rate % | '
             'with a correct sample |\n|---|---|---|---|')

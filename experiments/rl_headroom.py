@@ -7,7 +7,7 @@ RL on verifiable rewards mostly sharpens: it moves probability towards answers t
 samples. A held-out prompt that greedy decoding gets wrong can only turn right after a short run if
 some of its samples are right. So for each model this measures, on the main job's held-out set (the
 same 200 prompts `configs/rlvr.py` evaluates: its cached prompt selection in WORKDIR, then
-`rloo.eval_examples`), the greedy verdict and the pass rate over `--samples` draws at the RL sampling
+`engine.curriculum.eval_examples`), the greedy verdict and the pass rate over `--samples` draws at the RL sampling
 settings, and reports per task: the histogram of pass counts among greedy-wrong and greedy-right
 prompts, the *headroom* (expected correct answers among the greedy-wrong prompts, Σ pass rate) and
 the *risk* (expected wrong answers among the greedy-right ones, Σ (1 − pass rate)), and how greedy
@@ -27,7 +27,8 @@ import numpy as np
 from luckystar import api
 from luckystar import config as config_lib
 from luckystar.engine import evals
-from luckystar.stages import rlvr as rloo
+from luckystar.engine import curriculum
+from luckystar.stages import rlvr
 
 REPORT = pathlib.Path(__file__).resolve().parent / 'rl_headroom.md'
 
@@ -36,18 +37,19 @@ def heldout_set(config, workdir: pathlib.Path, start: api.Model) -> list:
   """The main job's held-out prompts: its prompt selection (cached in `workdir`, made there if absent)
   fixes the task/language mix."""
   settings = config.rlvr
-  pool, _ = rloo.prompt_pool(settings, 'train', start.tokenizer, seed=config.seed)
-  selected = rloo.select_prompts(config, workdir, start.config, start.params, start.tokenizer, pool)
-  return rloo.eval_examples(selected, rloo.prompt_pool(settings, 'heldout', start.tokenizer, seed=config.seed)[0],
+  pool, _ = curriculum.prompt_pool(settings, 'train', start.tokenizer, seed=config.seed)
+  selected = curriculum.select_prompts(config, workdir, start.config, start.params, start.tokenizer, pool,
+                                         rlvr.rollout_options(config))
+  return curriculum.eval_examples(selected, curriculum.prompt_pool(settings, 'heldout', start.tokenizer, seed=config.seed)[0],
                             settings.eval_prompts, config.seed)
 
 
 def measure(config, model: api.Model, examples: list, samples: int, seed: int) -> dict[str, tuple[bool, float]]:
   """example id → (greedy correct, pass rate over `samples` draws at `config.sampling`)."""
   greedy = evals.run_examples(model.config, model.params, model.tokenizer, examples, 'reasoning',
-                                   dataclasses.replace(rloo.eval_settings(config), seed=seed))
-  rates = rloo.pass_rates(config, model.config, model.params, model.tokenizer, examples, samples,
-                          jax.random.key(seed))
+                                   dataclasses.replace(rlvr.eval_settings(config), seed=seed))
+  rates = curriculum.pass_rates(config, model.config, model.params, model.tokenizer, examples, samples,
+                                jax.random.key(seed), options=rlvr.rollout_options(config))
   return {example.id: (bool(verdict.correct), rates[example.id]) for example, _, verdict in greedy}
 
 

@@ -19,8 +19,9 @@ read them as a plan, not a measurement. The SFT batch is scored at every positio
 log-probs at every position, as `rlvr.loss_fn` computes them.
 
 `--steps=rollout` compiles the programs `sampling.rollout` runs for a step of rollouts (`rollout_plans`):
-`_init_state` (the empty KV cache), `_admit_in_place` (a prompt prefilled into every slot) and
-`_generate` (the whole decode loop), with `sampling.CachedDecoder`; the cache is `model.init_cache` of
+`init_state` (the empty KV cache), `admit_in_place` (a prompt prefilled into every slot) and
+`decode_round` (the whole decode loop), the public entry points of `sampling.programs`, with
+`sampling.CachedDecoder`; the cache is `model.init_cache` of
 prompt + new tokens, sharded by `model.cache_shardings` (rows over data × fsdp, KV heads over tensor).
 The params and KV cache columns are per-device sizes computed from shapes and shardings, a check on XLA's
 arguments.
@@ -161,11 +162,11 @@ def rollout_plans(model_config: model.ModelConfig, layout: tuple[int, int, int],
   """Compiles the programs `sampling.rollout` runs for `rows` slots (prompts × samples) and reads their
   per-device memory; nothing is allocated.
 
-  init: `_init_state`, the empty cache (laid out by `model.init_cache`'s constraints).
-  admit: the prefill of a prompt of `prompt_len` tokens in every slot: `_admit_in_place`, which `rollout` runs
-  when the rows are split over devices; its cache is in `model.cache_shardings`' layout.
-  decode: `_generate`, the decode loop of `max_new_tokens` (the multiple of 64 `rollout` rounds to), taking
-  what admit returns (its logits and cache, with the shardings XLA gave them). The host loop's numpy inputs
+  init: `sampling.init_state`, the empty cache (laid out by `model.init_cache`'s constraints).
+  admit: the prefill of a prompt of `prompt_len` tokens in every slot: `sampling.admit_in_place`, which
+  `rollout` runs when the rows are split over devices; its cache is in `model.cache_shardings`' layout.
+  decode: `sampling.decode_round`, the decode loop of `max_new_tokens` (the multiple of 64 `rollout` rounds
+  to), taking what admit returns (its logits and cache, with the shardings XLA gave them). The host loop's numpy inputs
   are ShapeDtypeStructs without sharding, as jit sees numpy arrays.
   """
   mesh = sharding.make_mesh(layout)
@@ -178,15 +179,16 @@ def rollout_plans(model_config: model.ModelConfig, layout: tuple[int, int, int],
   fields = dict(layout=layout, remat='-', batch=rows, seq_len=cache_len, grad_accum_steps=1,
                 params_bytes=sharded_bytes(params), cache_bytes=sharded_bytes(cache))
   with sharding.activate(mesh):   # as `rollout` runs under the stage's mesh: the model's constraints bind to it
-    init, _ = measure('rollout/init', sampling._init_state,
+    init, _ = measure('rollout/init', sampling.init_state,
                       static=dict(decoder=decoder, batch=rows, max_length=cache_len), **fields)
-    admit, compiled = measure('rollout/admit', sampling._admit_in_place, decoder, params, cache,
+    admit, compiled = measure('rollout/admit', sampling.admit_in_place, decoder, params, cache,
                               host(rows, prompt_len), host(rows), host(rows, dtype=bool), **fields)
     logits, admitted = compiled.out_info
-    decode, _ = measure('rollout/decode', sampling._generate, decoder, params, admitted, logits, host(rows),
-                        host(rows, dtype=bool), host(rows), sampling._stop_array(()), replicated_key(mesh), host(rows),
-                        host(rows), host(), static=dict(max_new_tokens=max_new_tokens,
-                                                        settings=sampling.SamplingSettings()), **fields)
+    start = sampling.DecodeStart(logits=logits, last=host(rows), continuing=host(rows, dtype=bool))
+    decode_rows = sampling.DecodeRows(budgets=host(rows), row_ids=host(rows), offsets=host(rows))
+    decode, _ = measure('rollout/decode', sampling.decode_round, decoder, params, admitted, start, decode_rows,
+                        sampling.stop_array(()), replicated_key(mesh), host(),
+                        static=dict(max_new_tokens=max_new_tokens, settings=sampling.SamplingSettings()), **fields)
   return [init, admit, decode]
 
 
@@ -203,6 +205,20 @@ def table(plans: list[Plan]) -> str:
                  f'{gb(p.output_bytes)} | {gb(p.alias_bytes)} | {gb(p.temp_bytes)} | **{gb(p.device_bytes)}** | '
                  f'{"fits" if p.fits("v5p") else "no"} | {"fits" if p.fits("H100") else "no"} | {p.compile_s:.0f} |')
   return '\n'.join(lines)
+
+
+def dry_run(args: argparse.Namespace) -> None:
+  """`--dry_run`: the flags checked (steps, layouts, micro-batch counts, size) and what would be planned."""
+  if unknown := [step for step in args.steps.split(',') if step not in STEPS]:
+    raise SystemExit(f'error: --steps entries {unknown}; expected some of {STEPS}')
+  try:
+    layouts = list(map(parse_layout, args.layouts.split(',')))
+    accums = list(map(int, args.grad_accum_steps.split(',')))
+    model.get(args.size)
+  except ValueError as e:
+    raise SystemExit(f'error: {e}') from None
+  print(f'would plan: {args.size}, steps {args.steps}, layouts {layouts}, grad_accum_steps {accums}, remat '
+        f'{args.remat} × scope {args.remat_scope}, on {args.devices} fake devices')
 
 
 def main(argv=None) -> None:
@@ -229,16 +245,7 @@ def main(argv=None) -> None:
                       'would be compiled, compiling nothing')
   args = parser.parse_args(argv)
   if args.dry_run:
-    if unknown := [step for step in args.steps.split(',') if step not in STEPS]:
-      raise SystemExit(f'error: --steps entries {unknown}; expected some of {STEPS}')
-    try:
-      layouts = list(map(parse_layout, args.layouts.split(',')))
-      accums = list(map(int, args.grad_accum_steps.split(',')))
-      model.get(args.size)
-    except ValueError as e:
-      raise SystemExit(f'error: {e}') from None
-    print(f'would plan: {args.size}, steps {args.steps}, layouts {layouts}, grad_accum_steps {accums}, remat '
-          f'{args.remat} × scope {args.remat_scope}, on {args.devices} fake devices')
+    dry_run(args)
     return
   if jax.device_count() != args.devices:
     raise SystemExit(f'error: {jax.device_count()} devices, --devices={args.devices}; run as '

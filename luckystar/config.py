@@ -54,7 +54,7 @@ DOMAINS = {
                        'max_tool_turns', 'max_tool_result_tokens', 'eval_examples_per_source', 'per_task_language',
                        'per_suite_language', 'max_prompts', 'eval_prompts', 'eval_samples', 'pass_k_samples',
                        'pass_k_problems', 'bfcl_per_category', 'champ_problems', 'group_size', 'pair_prompts',
-                       'pairs_per_prompt', 'verbose_min_extra', 'math_max_difficulty'),
+                       'pairs_per_prompt', 'verbose_min_extra', 'math_max_difficulty', 'dynamic_sampling'),
     'a number ≥ 0': ('learning_rate', 'weight_decay', 'temperature', 'pass_k_temperature', 'kl_beta',
                      'clip_epsilon', 'sft_weight', 'anchor_weight'),
     'a number ≥ 0, or None (unset)': ('clip_low', 'clip_high'),
@@ -206,8 +206,8 @@ def check_init_from(init_from: str, overrides: dict, where: str = 'config.init_f
     if checkpoint.is_run_dir(path):
       step_dir = checkpoint._step_dir(path.absolute())  # pylint: disable=protected-access
       # The file orbax's JsonCheckpointHandler writes (checkpoint.load_params reads it so).
-      saved = json.loads(files.read_text(step_dir / checkpoint.MODEL_CONFIG / 'metadata', MAX_SAVED_CONFIG_BYTES,
-                                         'model config'))
+      saved = files.read_json(step_dir / checkpoint.MODEL_CONFIG / 'metadata', MAX_SAVED_CONFIG_BYTES, 'model config',
+                              finite=False)
       model.ModelConfig(**saved).replace(**overrides)
     elif hf.is_hf_dir(path):
       hf.read_config(path, **overrides)
@@ -258,19 +258,12 @@ def save(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> None
 def _saved_config(path: pathlib.Path) -> dict:
   """The config.json of a run with checkpoints, or a UserError: without it a re-run cannot be checked. Read
   within bounds (`luckystar.files`): a FIFO, a device or a huge file is refused, not read."""
-  text = files.read_text(path, MAX_SAVED_CONFIG_BYTES, 'saved config')
   try:
-    if (depth := files.json_depth(text)) > files.MAX_JSON_DEPTH:
-      raise ValueError(f'nested {depth} levels deep, at most {files.MAX_JSON_DEPTH}')
-    saved = json.loads(text)
-  except ValueError as e:  # json.JSONDecodeError, and worded as before: tests and users match on it
-    saved = e
-  if not isinstance(saved, dict):
-    reason = f'not valid JSON: {saved}' if isinstance(saved, ValueError) else 'not a JSON object'
-    raise errors.UserError(f'{path}: {reason}; it is the config of the run whose checkpoints are in '
+    return files.read_json_object(path, MAX_SAVED_CONFIG_BYTES, 'saved config', finite=False)
+  except errors.InvalidFile as e:
+    raise errors.UserError(f'{e}; it is the config of the run whose checkpoints are in '
                            f'{checkpoint.directory(path.parent)}, which a re-run must match. Restore it, delete it to '
-                           f'resume under the new config unchecked, or use a new --workdir')
-  return saved
+                           f'resume under the new config unchecked, or use a new --workdir') from None
 
 
 def flatten(tree: dict, prefix: str = '') -> dict:

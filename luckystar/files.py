@@ -11,7 +11,7 @@ import os
 import pathlib
 import re
 import stat
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -89,18 +89,21 @@ def unencodable(value: Any) -> str | None:
   return None
 
 
-def loads(text: str | bytes, source: str, *, max_depth: int = MAX_JSON_DEPTH, check_text: bool = True) -> Any:
+def loads(text: str | bytes, source: str, *, max_depth: int = MAX_JSON_DEPTH, check_text: bool = True,
+          finite: bool = True) -> Any:
   """`json.loads` bounded in depth, its strings checked to be encodable; a ValueError (errors.InvalidFile) whose
   message starts with `source` (a path, `file:line` or a request field) for anything else.
 
-  Non-finite numbers (`NaN`, `Infinity`, `1e999`, which Python's parser accepts) are refused: no JSON writer emits them.
+  Non-finite numbers (`NaN`, `Infinity`, `1e999`, which Python's parser accepts) are refused: JSON has none.
+  `finite=False` keeps them, for files Python's `json.dumps` wrote (a saved config or a model's config.json may
+  hold `Infinity`).
   An integer of more than 4,000 digits stays a string (Python will not convert it); callers that need a number
   check the type."""
   if (depth := json_depth(text)) > max_depth:
     raise errors.InvalidFile(f'{source}: JSON nested {depth} levels deep (at most {max_depth})')
   try:
-    value = json.loads(text, parse_constant=_refuse_constant, parse_int=_integer,
-                       parse_float=_finite)
+    value = (json.loads(text, parse_constant=_refuse_constant, parse_int=_integer, parse_float=_finite) if finite
+             else json.loads(text, parse_int=_integer))
   except json.JSONDecodeError as e:
     raise errors.InvalidFile(f'{source}: invalid JSON: {e.msg} (line {e.lineno}, column {e.colno})') from None
   except (UnicodeDecodeError, RecursionError, _NonFinite) as e:
@@ -132,3 +135,35 @@ def _refuse_constant(name: str):
 def read_json(path: str | pathlib.Path, max_bytes: int = MAX_FILE_BYTES, what: str = 'file', **kwargs) -> Any:
   """A JSON file read within `max_bytes` and `loads`' bounds; errors name the path."""
   return loads(read_text(path, max_bytes, what), str(path), **kwargs)
+
+
+def read_json_object(path: str | pathlib.Path, max_bytes: int = MAX_FILE_BYTES, what: str = 'file',
+                     **kwargs) -> dict[str, Any]:
+  """`read_json` of a file that must hold one JSON object (a config, an index, a record)."""
+  value = read_json(path, max_bytes, what, **kwargs)
+  if not isinstance(value, dict):
+    raise errors.InvalidFile(f'{path}: expected a JSON object, got a JSON {type(value).__name__}')
+  return value
+
+
+def json_lines(text: str) -> Iterator[tuple[int, str]]:
+  """(line number, line) of each non-blank line of JSON-lines text. Lines end at '\\n' only (a '\\r' before it is
+  dropped): json.dumps(ensure_ascii=False) leaves U+2028, U+2029 and U+0085 unescaped inside strings, and
+  str.splitlines() would split a record there."""
+  for number, line in enumerate(text.split('\n'), 1):
+    if line.strip():
+      yield number, line.removesuffix('\r')
+
+
+def parse_jsonl(text: str, source: str | pathlib.Path, **kwargs) -> Iterator[tuple[int, Any]]:
+  """(line number, value) of each non-blank line of JSON-lines text, each parsed by `loads` (with `kwargs`): a bad
+  line is an InvalidFile that starts with `source:line`."""
+  for number, line in json_lines(text):
+    yield number, loads(line, f'{source}:{number}', **kwargs)
+
+
+def read_jsonl(path: str | pathlib.Path, max_bytes: int = MAX_FILE_BYTES, what: str = 'file',
+               **kwargs) -> Iterator[tuple[int, Any]]:
+  """`parse_jsonl` of a JSON-lines file, read within `read_text`'s bounds now (a missing or unreadable file fails
+  at the call), its lines parsed as they are iterated."""
+  return parse_jsonl(read_text(path, max_bytes, what), path, **kwargs)

@@ -42,8 +42,9 @@ def main(out_dir: str, process: int, processes: int) -> None:
 
   with sharding.activate(mesh):
     rollouts = sampling.rollout(test_sampling.Nudged(sampling.CachedDecoder(config)), params,
-                                test_sampling.TOKENIZER, prompts, rng=jax.random.key(3), max_new_tokens=48,
-                                tool_fn=tool_fn, max_tool_turns=3, temperature=1.0, length_multiple=16, slots=4)
+                                test_sampling.TOKENIZER, prompts, rng=jax.random.key(3), tool_fn=tool_fn,
+                                settings=sampling.RolloutSettings(max_new_tokens=48, max_tool_turns=3, temperature=1.0,
+                                                                  length_multiple=16, slots=4))
   try:   # a row's host work fails on its owner: every process raises, none waits for the others forever
     distributed.run_owned(lambda row: 1 // (row - 5), range(ROWS), ROWS)
     error = None

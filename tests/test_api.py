@@ -91,7 +91,8 @@ def test_generate_follows_the_chat_template_and_the_sampler(chat_model):
     prompt, _ = tok.render([{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': question}],
                            'concise', add_generation_prompt=True)
     want = sampling.sample(chat_model.config, chat_model.params, [prompt], rng=jax.random.key(0), max_new_tokens=12,
-                           temperature=0.0, stop_ids=[tok.end_of_turn_id, tok.end_of_action_id])
+                           settings=sampling.SamplingSettings(temperature=0.0),
+                           stop_ids=[tok.end_of_turn_id, tok.end_of_action_id])
     np.testing.assert_array_equal(reply.rollout.token_ids, np.asarray(want.tokens[0, :int(want.lengths[0])]))
     assert reply.finished != reply.overlong
     turn = tok.parse_assistant(reply.rollout.token_ids)

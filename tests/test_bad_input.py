@@ -104,7 +104,7 @@ def _cut(path, end):
 HOSTILE_DIRS = {
     # case: (which good dir, how to break it, what the message must say)
     'malformed_config_json': ('float', lambda p: (p / 'config.json').write_text('{"model_type": "cohere2",'),
-                              ['config.json: not valid JSON (', 'line 1 column']),
+                              ['config.json: invalid JSON: ', '(line 1, column']),
     'config_json_not_an_object': ('float', lambda p: (p / 'config.json').write_text('[]'),
                                   ['config.json: expected a JSON object, got a JSON list']),
     'config_missing_field': ('float', lambda p: _edit_config(p, hidden_size='DELETE'),
@@ -114,7 +114,7 @@ HOSTILE_DIRS = {
     'config_layer_types_disagree': ('float', lambda p: _edit_config(p, layer_types=['full_attention']),
                                     ['config.json: layer_types has 1 entries for 2 layers']),
     'malformed_index': ('float', lambda p: (_shard(p), (p / hf.INDEX_FILE).write_text('{"weight_map": {')),
-                        [f'{hf.INDEX_FILE}: not valid JSON']),
+                        [f'{hf.INDEX_FILE}: invalid JSON']),
     'index_without_weight_map': ('float', lambda p: (_shard(p), (p / hf.INDEX_FILE).write_text('{"weight_map": []}')),
                                  [f'{hf.INDEX_FILE}: "weight_map" must map each tensor name']),
     'index_escapes_with_dotdot': ('float', lambda p: _shard(p, model__norm__weight='../float/model.safetensors'),
@@ -242,7 +242,7 @@ HOSTILE_COMMANDS = {
     'workdir_not_writable': (['--config=configs/sft.py:smoke', '--workdir={root}/read_only/run'],
                              'error: --workdir={root}/read_only/run: cannot create it (Permission denied)'),
     'truncated_workdir_config_json': (['--config=configs/sft.py:smoke', '--workdir={root}/truncated'],
-                                      'error: {root}/truncated/config.json: not valid JSON: Unterminated string'),
+                                      'error: {root}/truncated/config.json: invalid JSON: Unterminated string'),
     'batch_size_zero': (['--config=configs/sft.py:smoke', '--config.batch_size=0', '--workdir={root}/w'],
                         'error: config.batch_size=0 is not an integer ≥ 1'),
     'negative_total_steps': (['--config=configs/rlvr.py:smoke', '--config.total_steps=-3', '--workdir={root}/w'],

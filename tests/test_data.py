@@ -8,7 +8,8 @@ import sqlite3
 import pytest
 
 from luckystar.data import chat, function_calling, korean, korean_mc, loaders, math_problems, nl2sql, suites
-from luckystar.data.examples import LANGUAGES, SPLITS, TASKS
+from luckystar.data.examples import LANGUAGES, SPLITS
+from luckystar.tasks import TASKS
 from luckystar.tools import sql as sql_tool
 
 pytestmark = pytest.mark.fast

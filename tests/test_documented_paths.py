@@ -6,6 +6,7 @@ import pytest
 
 from luckystar import errors
 from luckystar.data import suites
+from luckystar.engine import curriculum
 from luckystar.stages import rlvr
 
 TRAIN = [{'problem': f'What is {a} + {b}?', 'answer': str(a + b)} for a, b in ((3, 4), (10, 2), (9, 9), (12, 5))]
@@ -37,12 +38,12 @@ def test_rlvr_on_your_own_math_jsonl_runs_as_documented(tmp_path):
   assert 'evaluating on those 2' in stderr[capped:capped + 300]
   assert capped < stderr.index('prompt selection:')   # before the first rollout
   assert "names tasks ['chat'] that config.rlvr.sources does not have" in stderr
-  selection = json.loads((workdir / rlvr.SELECTION_FILE).read_text())
+  selection = json.loads((workdir / curriculum.SELECTION_FILE).read_text())
   assert selection['summary'] and all(key.startswith('math/') for key in selection['summary'])
 
 
 def rlvr_config():
-  """The keys `rlvr.eval_size` reads: the held-out split of the bundled suites."""
+  """The keys `curriculum.eval_size` reads: the held-out split of the bundled suites."""
   import ml_collections
   return ml_collections.ConfigDict({'rlvr': {'eval_sources': '', 'eval_split': 'heldout'}})
 
@@ -52,19 +53,19 @@ def test_eval_prompts_are_capped_at_what_the_eval_sources_hold():
   config = rlvr_config()
   pool = suites.load('math', 'train')[:40]
   heldout = suites.load('math', 'heldout')[:5] + suites.load('chat', 'heldout')[:50]   # chat is not RL's
-  assert rlvr.eval_size(config, 200, pool, heldout) == 5
-  assert rlvr.eval_size(config, 3, pool, heldout) == 3
+  assert curriculum.eval_size(config, 200, pool, heldout) == 5
+  assert curriculum.eval_size(config, 3, pool, heldout) == 3
   english = [e for e in pool if e.language == 'en']
-  assert rlvr.eval_size(config, 200, english, heldout) == sum(e.language == 'en' for e in heldout[:5])
+  assert curriculum.eval_size(config, 200, english, heldout) == sum(e.language == 'en' for e in heldout[:5])
   with pytest.raises(errors.UserError, match='config.rlvr.eval_prompts'):
-    rlvr.eval_size(config, 200, pool, suites.load('chat', 'heldout'))
+    curriculum.eval_size(config, 200, pool, suites.load('chat', 'heldout'))
 
 
 @pytest.mark.fast
 def test_selection_dict_skips_the_tasks_the_sources_lack():
   pool = suites.load('math', 'train')[:200]
-  chosen = rlvr.selection_candidates(pool, {'chat': 96, 'function_calling': 32, 'math': 10, 'nl2sql': 16}, seed=0)
+  chosen = curriculum.selection_candidates(pool, {'chat': 96, 'function_calling': 32, 'math': 10, 'nl2sql': 16}, seed=0)
   assert len(chosen) == 10 and {e.task for e in chosen} == {'math'}
-  assert chosen == rlvr.selection_candidates(pool, {'math': 10}, seed=0)
+  assert chosen == curriculum.selection_candidates(pool, {'math': 10}, seed=0)
   with pytest.raises(errors.UserError, match="tasks \\['math'\\] only"):
-    rlvr.selection_candidates(pool, {'chat': 16}, seed=0)
+    curriculum.selection_candidates(pool, {'chat': 16}, seed=0)

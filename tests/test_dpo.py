@@ -22,6 +22,7 @@ from luckystar.model import sharding
 from luckystar.rewards.reward import Verdict
 from luckystar.stages import dpo
 from luckystar.engine import logprobs, metrics, rollouts
+from luckystar.engine import pairs as pairs_lib
 from luckystar.engine import step as step_lib
 from test_sft import MICRO, host_params
 
@@ -247,8 +248,8 @@ def _scored(example, tokenizer, response, *, correct, mismatch=False, thinking=N
   rollout = sampling.Rollout(token_ids=np.asarray(ids, np.int32), loss_mask=np.ones(len(ids), np.int32),
                              logprobs=zeros, untruncated_logprobs=zeros, actions=[], final_turn=turn,
                              stop_reason='end_of_turn')
-  return rollouts.Scored(example, rollout, Verdict(correct=correct, format_ok=True, language_mismatch=mismatch,
-                                                   reward=float(correct)))
+  return rollouts.Scored(example, rollout, Verdict(correct=correct, format_ok=True, language_mismatch=mismatch),
+                         float(correct))
 
 
 @pytest.mark.fast
@@ -258,7 +259,7 @@ def test_build_pairs_kinds_limits_and_provenance(monkeypatch):
   long_thinking = 'First I add the numbers, then I take away the ones given to a friend, step by step. ' * 2
 
   def fake_generate_and_score(model_config, params, tokenizer_, batch, prompts, rng, *, samples_per_prompt, **kwargs):
-    assert samples_per_prompt == 4 and kwargs['sampling_settings'].temperature == 1.0
+    assert samples_per_prompt == 4 and kwargs['settings'].temperature == 1.0
     return [[_scored(e, tokenizer, e.answer, correct=True),                                   # short: no pair
              _scored(e, tokenizer, 'Wrong.', correct=False, thinking=long_thinking),           # verbose, wrong
              _scored(e, tokenizer, e.answer, correct=True, thinking=long_thinking),            # verbose: the pair
@@ -267,7 +268,7 @@ def test_build_pairs_kinds_limits_and_provenance(monkeypatch):
 
   monkeypatch.setattr(rollouts, 'generate_and_score', fake_generate_and_score)
   config = _config()
-  pairs, summary = dpo.build_pairs(config, None, None, tokenizer, examples)
+  pairs, summary = pairs_lib.build_pairs(config, None, None, tokenizer, examples)
   assert [(p['example_id'], p['kind'], p['sample_index']) for p in pairs] == [
       (examples[0].id, 'concise', 2), (examples[0].id, 'language', 3),
       (examples[1].id, 'concise', 2), (examples[1].id, 'language', 3)]  # a correct verbose reply first, limit 1
@@ -278,11 +279,12 @@ def test_build_pairs_kinds_limits_and_provenance(monkeypatch):
     assert not any(pair['chosen_loss_mask'][:len(prompt)]) and not any(pair['rejected_loss_mask'][:len(prompt)])
     assert pair['chosen_length'] == sum(pair['chosen_loss_mask'])
     assert pair['rejected_length'] == sum(pair['rejected_loss_mask'])
-    assert pair['sampling'] == dict(config.sampling) and pair['mode'] == 'concise' and pair['policy'] == config.init_from
+    assert pair['sampling'] == dict(config.sampling) and pair['mode'] == 'concise'
+    assert pair['policy'] == config.init_from
     if pair['kind'] == 'concise':
       assert pair['rejected_length'] >= max(config.dpo.verbose_min_ratio * pair['chosen_length'],
                                             pair['chosen_length'] + config.dpo.verbose_min_extra)
-  assert [pairs[0]['chosen_text'], pairs[2]['chosen_text']] == [dpo.direct_response(e) for e in examples]
+  assert [pairs[0]['chosen_text'], pairs[2]['chosen_text']] == [pairs_lib.direct_response(e) for e in examples]
 
 
 @pytest.mark.fast
@@ -292,7 +294,7 @@ def test_anchor_rows_hold_the_first_correct_finished_reply_in_the_prompt_languag
   thinking = 'I add the numbers.'
 
   def fake_generate_and_score(model_config, params, tokenizer_, batch, prompts, rng, **kwargs):
-    assert kwargs['max_tool_turns'] == 2     # reasoning mode calls the calculator
+    assert kwargs['settings'].max_tool_turns == 2     # reasoning mode calls the calculator
     groups = []
     for e in batch:
       overlong = _scored(e, tokenizer, e.answer, correct=True, thinking=thinking)
@@ -306,7 +308,7 @@ def test_anchor_rows_hold_the_first_correct_finished_reply_in_the_prompt_languag
   monkeypatch.setattr(rollouts, 'generate_and_score', fake_generate_and_score)
   config = _config()
   config.dpo.anchor_modes = ('reasoning',)
-  pairs, summary = dpo.build_pairs(config, None, None, tokenizer, [], examples)   # anchors only
+  pairs, summary = pairs_lib.build_pairs(config, None, None, tokenizer, [], examples)   # anchors only
   assert [(p['example_id'], p['kind'], p['mode'], p['sample_index']) for p in pairs] == [
       (e.id, 'anchor', 'reasoning', 3) for e in examples]
   assert summary['sampling']['reasoning/anchor'] == 2 and 'all' not in summary['pairs']
@@ -324,44 +326,45 @@ def test_anchor_rows_hold_the_first_correct_finished_reply_in_the_prompt_languag
 def test_an_unverifiable_reference_reply_is_not_chosen():
   tokenizer = tokenizer_lib.default()
   example = suites.load('math', 'train')[0]
-  assert dpo.chosen_reply(tokenizer, example, 'concise', 'reference') is not None
+  assert pairs_lib.chosen_reply(tokenizer, example, 'concise', 'reference') is not None
   wrong = dataclasses.replace(example, response='The answer is 1234567.')
-  assert dpo.chosen_reply(tokenizer, wrong, 'concise', 'reference') is None
-  assert dpo.chosen_reply(tokenizer, wrong, 'concise', 'direct')['text'] == dpo.direct_response(example)
+  assert pairs_lib.chosen_reply(tokenizer, wrong, 'concise', 'reference') is None
+  assert pairs_lib.chosen_reply(tokenizer, wrong, 'concise', 'direct')['text'] == pairs_lib.direct_response(example)
   with pytest.raises(errors.UserError, match='config.dpo.chosen'):
-    dpo.chosen_reply(tokenizer, example, 'concise', 'shortest')
+    pairs_lib.chosen_reply(tokenizer, example, 'concise', 'shortest')
 
 
-@pytest.mark.parametrize('task', dpo.DIRECT_TASKS)
+@pytest.mark.parametrize('task', pairs_lib.DIRECT_TASKS)
 def test_the_direct_answer_is_verified_and_shorter_than_the_reference_reply(task):
   tokenizer = tokenizer_lib.default()
   examples = {e.language: e for e in suites.load(task, 'train')}  # one per language
   for language, example in examples.items():
-    direct = dpo.chosen_reply(tokenizer, example, 'concise', 'direct')
-    reference = dpo.chosen_reply(tokenizer, example, 'concise', 'reference')
-    assert direct is not None and direct['text'] == dpo.direct_response(example), (language, direct)
+    direct = pairs_lib.chosen_reply(tokenizer, example, 'concise', 'direct')
+    reference = pairs_lib.chosen_reply(tokenizer, example, 'concise', 'reference')
+    assert direct is not None and direct['text'] == pairs_lib.direct_response(example), (language, direct)
     assert direct['loss_mask'].sum() <= reference['loss_mask'].sum()
     assert example.answer in direct['text']
-  assert dpo.direct_response(examples['ko']).endswith(('입니다.', f'정답: {examples["ko"].answer}'))
+  assert pairs_lib.direct_response(examples['ko']).endswith(('입니다.', f'정답: {examples["ko"].answer}'))
   if task == 'korean_mc':  # the chosen option and its letter: the filled-in sentence the reference restates is gone
     example = examples['ko']
     particle = example.meta['options']['ABCDEFGHIJ'.index(example.answer)]
     assert particle in example.response and example.response.endswith(f'정답: {example.answer}')
-    assert dpo.direct_response(example) == f'{particle} 정답: {example.answer}' != example.response
+    assert pairs_lib.direct_response(example) == f'{particle} 정답: {example.answer}' != example.response
     without_options = dataclasses.replace(example, meta={})
-    assert dpo.direct_response(without_options) == f'정답: {example.answer}'
+    assert pairs_lib.direct_response(without_options) == f'정답: {example.answer}'
 
 
 def test_the_with_math_variant_adds_math_pairs_and_changes_nothing_else():
   default, with_math = _config().to_dict(), _config('with_math').to_dict()
-  assert 'math' not in default['dpo']['tasks'] and tuple(with_math['dpo']['tasks']) == (*default['dpo']['tasks'], 'math')
+  assert 'math' not in default['dpo']['tasks']
+  assert tuple(with_math['dpo']['tasks']) == (*default['dpo']['tasks'], 'math')
   with_math['dpo']['tasks'] = default['dpo']['tasks']
   assert with_math == default
 
 
 def test_a_task_without_a_direct_answer_is_a_clear_error():
   with pytest.raises(errors.UserError, match="task 'nl2sql'"):
-    dpo.direct_response(suites.load('nl2sql', 'train')[0])
+    pairs_lib.direct_response(suites.load('nl2sql', 'train')[0])
 
 
 @pytest.mark.fast
@@ -372,9 +375,9 @@ def test_a_malformed_pair_file_names_its_line(tmp_path):
   for bad in ({**good, 'rejected_loss_mask': [0, 0]}, {**good, 'tokenizer': 'another0123456789'}):
     path.write_text(json.dumps(good) + '\n' + json.dumps(bad) + '\n')
     with pytest.raises(errors.UserError, match=r'pairs.jsonl:2: not a DPO pair'):
-      dpo.read_pairs(path, tokenizer)
+      pairs_lib.read_pairs(path, tokenizer)
   path.write_text(json.dumps(good) + '\n' + json.dumps({**good, 'tokenizer': tokenizer.fingerprint}) + '\n')
-  assert len(dpo.read_pairs(path, tokenizer)) == 2   # no fingerprint: a file from before pairs recorded one
+  assert len(pairs_lib.read_pairs(path, tokenizer)) == 2   # no fingerprint: a file from before pairs recorded one
 
 
 # ---- the cached reference log-probs ----------------------------------------------------------------------
@@ -455,7 +458,7 @@ def test_smoke_run_logs_trl_metrics_and_both_eval_modes(runs):
   for mode in ('concise', 'reasoning'):
     for name in (f'eval/{mode}/correctness', f'eval/{mode}/response_length'):
       assert name in rows[0] and name in rows[-1], name
-  pairs = [json.loads(line) for line in (runs['workdir'] / dpo.PAIRS_FILE).read_text().splitlines()]
+  pairs = [json.loads(line) for line in (runs['workdir'] / pairs_lib.PAIRS_FILE).read_text().splitlines()]
   assert pairs and {'example_id', 'task', 'language', 'kind', 'sampling', 'chosen_length', 'rejected_length',
                     'rejected_correct'} <= set(pairs[0])
 
@@ -475,11 +478,11 @@ def test_changed_pair_settings_are_a_clear_error(runs):
   config = _config('smoke')
   config.dpo.samples_per_prompt = 3
   with pytest.raises(errors.UserError, match='samples_per_prompt'):
-    dpo.load_or_build_pairs(config, runs['workdir'], None, None, tokenizer_lib.default())
+    pairs_lib.load_or_build_pairs(config, runs['workdir'], None, None, tokenizer_lib.default())
 
 
 def test_pairs_built_with_another_direct_answer_format_are_stale(runs, monkeypatch):
   # A pair file from before the Korean MC chosen reply kept its option text must not be reused silently.
-  monkeypatch.setattr(dpo, 'DIRECT_FORMAT', dpo.DIRECT_FORMAT - 1)
+  monkeypatch.setattr(pairs_lib, 'DIRECT_FORMAT', pairs_lib.DIRECT_FORMAT - 1)
   with pytest.raises(errors.UserError, match='direct_format'):
-    dpo.load_or_build_pairs(_config('smoke'), runs['workdir'], None, None, tokenizer_lib.default())
+    pairs_lib.load_or_build_pairs(_config('smoke'), runs['workdir'], None, None, tokenizer_lib.default())

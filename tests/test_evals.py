@@ -60,7 +60,7 @@ def test_hybrid_format_wants_english_thinking_and_the_prompts_language():
   from luckystar.rewards import reward
 
   def ok(thinking, response, mismatch=False):
-    verdict = reward.Verdict(correct=True, format_ok=True, language_mismatch=mismatch, reward=1.0, judged=False)
+    verdict = reward.Verdict(correct=True, format_ok=True, language_mismatch=mismatch, judged=False)
     return core.hybrid_format_ok(thinking, response, verdict)
 
   assert ok('Add 3 and 4 to get 7.', '정답은 7입니다.')
@@ -167,16 +167,16 @@ def test_generate_and_score_passes_the_judge(monkeypatch):
                                   overlong=False) for _ in prompts]
 
   monkeypatch.setattr(rollouts.sampling, 'rollout', rollout)
-  options = dict(samples_per_prompt=2, sampling_settings=types.SimpleNamespace(
-      max_new_tokens=8, temperature=1.0, top_k=0, top_p=1.0), max_tool_turns=1, max_tool_result_tokens=8,
+  settings = rollouts.sampling.RolloutSettings(max_new_tokens=8, max_tool_turns=1, max_tool_result_tokens=8)
+  options = dict(samples_per_prompt=2, settings=settings,
                  reward=terms.build(budget=8, language_penalty=0.5, drop_overlong=True))
   (group,) = rollouts.generate_and_score(None, None, None, [example], [[1, 2]], jax.random.key(0), **options)
-  assert [s.verdict.reward for s in group] == [None, None] and not any(s.survived for s in group)
+  assert [s.reward for s in group] == [None, None] and not any(s.survived for s in group)
   asked = []
   (group,) = rollouts.generate_and_score(None, None, None, [example], [[1, 2]], jax.random.key(0),
                                          judge=_judge_stub(asked), **options)
   assert sorted(asked) == ['equivalent', 'equivalent', 'language', 'language']
-  assert [s.verdict.reward for s in group] == [0.5, 0.5] and all(s.verdict.judged for s in group)
+  assert [s.reward for s in group] == [0.5, 0.5] and all(s.verdict.judged for s in group)
   # sample_groups hands its keyword options, judge included, to generate_and_score.
   asked.clear()
   ((_, _, group),) = rollouts.sample_groups(None, None, tokenizer_lib.default(), [example], jax.random.key(0),

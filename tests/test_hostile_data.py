@@ -21,7 +21,7 @@ from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations, loaders, sources
 from luckystar.data.loaders import DataError
 from luckystar.engine import prompts
-from luckystar.stages import dpo
+from luckystar.engine import pairs as pairs_lib
 
 pytestmark = pytest.mark.fast
 
@@ -87,7 +87,7 @@ FORMATS = {
                          lambda path, tok: sources.preference_pairs(
                              sources.parse(f'preference_jsonl:{path}', key='k')[0], tok)),
     'dpo_pairs': (lambda tok: _dpo_pair(tok), lambda value, tok: _dpo_pair(tok, value),
-                  lambda path, tok: dpo.read_sources(_dpo_sources(path), tok)),
+                  lambda path, tok: pairs_lib.read_sources(_dpo_sources(path), tok)),
     'rs_traces': (lambda tok: _rs_trace(tok), lambda value, tok: _rs_trace(tok, value),
                   lambda path, tok: conversations.read_rs_traces(str(path), tok)),
     # JSON inside JSON: OpenAI tool-call arguments are a JSON string, parsed again
@@ -238,8 +238,8 @@ def test_rs_traces_and_dpo_pair_files_that_are_fifos_are_refused_without_hanging
   _, message = _in_child(tokenizer + f'from luckystar.data import conversations; '
                                      f'conversations.read_rs_traces({str(traces)!r}, tok)')
   assert message.startswith(f'{traces}: ') and 'not a regular file' in message, message
-  _, message = _in_child(tokenizer + f'import pathlib; from luckystar.stages import dpo; '
-                                     f'dpo.read_pairs(pathlib.Path({str(pairs)!r}), tok)')
+  _, message = _in_child(tokenizer + f'import pathlib; from luckystar.engine import pairs; '
+                                     f'pairs.read_pairs(pathlib.Path({str(pairs)!r}), tok)')
   assert message.startswith(f'{pairs}: ') and 'not a regular file' in message, message
 
 
@@ -320,7 +320,7 @@ def test_a_utf8_byte_order_mark_is_accepted(tmp_path, tok):
   traces = _lines(tmp_path / 'rs_traces.jsonl', bom + _rs_trace(tok))
   assert len(conversations.read_rs_traces(str(traces), tok)) == 1
   pairs = _lines(tmp_path / 'dpo_pairs.jsonl', bom + _dpo_pair(tok))
-  assert len(dpo.read_pairs(pairs, tok)) == 1
+  assert len(pairs_lib.read_pairs(pairs, tok)) == 1
 
 
 # ---- the command line -------------------------------------------------------------------------------------

@@ -22,14 +22,16 @@ LAYER_ORDER = ('core', 'tasks', 'engine', 'stages', 'entry')
 LAYERS = {
     'luckystar.errors': 'core',
     'luckystar.files': 'core',
+    'luckystar.workers': 'core',
     'luckystar.model.*': 'core',
     'luckystar.tokenizer.*': 'core',
     'luckystar.tools.*': 'core',
-    'luckystar.sampling': 'core',
+    'luckystar.sampling.*': 'core',
     'luckystar.distributed': 'core',
 
     'luckystar.data.*': 'tasks',
     'luckystar.rewards.*': 'tasks',
+    'luckystar.tasks': 'tasks',
 
     'luckystar.config': 'engine',
     'luckystar.engine.*': 'engine',

@@ -18,11 +18,13 @@ from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations, nl2sql, suites
 from luckystar.data.examples import rs_only
 from luckystar.rewards import reward
+from luckystar.engine import curriculum
 from luckystar.stages import rejection_sampling as rs
-from luckystar.stages import rlvr as rloo
+from luckystar.stages import rlvr
 from luckystar.engine import loading, rollouts
 from luckystar.engine import state as state_lib
 from luckystar.stages import sft
+from luckystar.tasks import TASKS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -112,7 +114,7 @@ def test_nl2sql_thinking_is_read_from_the_first_turn_and_the_trace_renders_like_
     prompt, rollout, ids, mask = _nl2sql_rollout(tok, example, thinking)
     verdict = reward.score(example, rollout.final_turn, rollout.actions, tool_results=rollout.tool_results)
     assert verdict.correct, verdict
-    scored = rollouts.Scored(example, rollout, verdict)
+    scored = rollouts.Scored(example, rollout, verdict, float(verdict.correct))
     assert rs.candidate(scored).tool_results == tuple(rollout.tool_results)
     assert rs.trace_decisions(example.language, [rs.candidate(scored)]) == [decision]
     tokens, loss_mask = rs.trace_features(tok, prompt, rollout)
@@ -133,9 +135,9 @@ def test_rs_prompts_are_disjoint_from_rlvr_heldout_and_teacher_prompts(tok):
   assert len([e for e in chosen if e.task == 'nl2sql']) == sum(rs_only(e, 0) for e in suites.load('nl2sql', 'train'))
   texts = {e.prompt for e in chosen}
   # RLVR's own prompt pool (train split minus rs_only), every length admitted.
-  rlvr, _ = rloo.prompt_pool(types.SimpleNamespace(sources=config.rejection_sampling.sources,
+  pool, _ = curriculum.prompt_pool(types.SimpleNamespace(sources=config.rejection_sampling.sources,
                                                    max_prompt_tokens=10**9), 'train', tok, seed=config.seed)
-  assert rlvr and not texts & {e.prompt for e in rlvr}
+  assert pool and not texts & {e.prompt for e in pool}
   for split in ('heldout', 'teacher'):
     others = {e.prompt for task in ('nl2sql', 'math') for e in suites.load(task, split)}
     assert others and not texts & others, split
@@ -154,7 +156,7 @@ def test_teacher_sources_use_only_teacher_split_prompts(tok):
   sources, weights = conversations.teacher_sources(tok)
   assert weights == conversations.DEFAULT_WEIGHTS
   extra, _ = nl2sql.curate(nl2sql.teacher_suite(), lambda text: len(tok.encode(text)))   # its extra databases
-  splits = {split: {e.prompt for task in suites.TASKS for e in suites.load(task, split)}
+  splits = {split: {e.prompt for task in TASKS for e in suites.load(task, split)}
             for split in ('teacher', 'train', 'heldout')}
   for mode, tasks, more in (('reasoning', ('nl2sql', 'math', 'function_calling', 'korean_mc', 'chat'), extra),
                             ('concise', conversations.CONCISE_TASKS, [])):

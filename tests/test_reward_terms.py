@@ -30,7 +30,7 @@ def rollout(continuation: int, generated: int | None = None, overlong: bool = Fa
 
 
 def verdict(correct=True, format_ok=True, mismatch=False):
-  return reward.Verdict(correct=correct, format_ok=format_ok, language_mismatch=mismatch, reward=None)
+  return reward.Verdict(correct=correct, format_ok=format_ok, language_mismatch=mismatch)
 
 
 def test_each_term_by_hand():
@@ -61,13 +61,14 @@ CASES = [(KO_MATH, '정답은 7입니다.'), (KO_MATH, 'The answer is 7.'), (KO_
 
 @pytest.mark.parametrize('penalty', [None, 1.0, 0.5, 0.0])
 def test_default_reward_is_the_papers_formula(penalty):
+  """r = correctness − penalty · mismatch (eq. 1; penalty 1 unless set), and no reward for an unscorable sample."""
   built = terms.build(budget=100, language_penalty=penalty, drop_overlong=True)
+  weight = 1.0 if penalty is None else penalty
   seen = set()
   for example, response in CASES:
-    scored = reward.score(example, AssistantTurn(response=response, ended=True),
-                          language_penalty=1.0 if penalty is None else penalty)
-    got = built(example, rollout(10), scored)
-    assert got == scored.reward and (got is None) == (scored.correct is None), (example.id, response)
+    scored = reward.score(example, AssistantTurn(response=response, ended=True))
+    paper = None if scored.correct is None else float(scored.correct) - weight * float(scored.language_mismatch)
+    assert built(example, rollout(10), scored) == paper, (example.id, response)
     seen.add((scored.correct, scored.language_mismatch))
   assert seen == {(True, False), (True, True), (False, False), (False, True), (None, False)}
 

@@ -115,7 +115,7 @@ def test_the_default_estimator_is_todays_rloo_bit_for_bit(data):
 
 
 def test_training_batch_takes_the_estimator_by_name():
-  from test_rloo import _scored
+  from test_rlvr import _scored
   from luckystar.data import suites
   example = suites.load('korean_mc', 'train')[0]
   rewards = [[1.0, 0.0, 0.0, 0.5], [1.0, 1.0, 0.0, 0.0]]
@@ -127,6 +127,62 @@ def test_training_batch_takes_the_estimator_by_name():
   default, _ = rlvr.training_batch([[2, 10], [2, 11]], groups, length_multiple=4)
   todays, _ = _todays_rloo_advantages(rewards, survived)
   np.testing.assert_array_equal(default['advantages'], np.asarray(todays).ravel())
+
+
+# ---- dynamic sampling ---------------------------------------------------------------------------
+
+
+def _draw_from(table, calls):
+  """A `draw` for `rlvr.dynamic_groups`: prompt i's group earns rewards table[i] (None: dropped overlong)."""
+  from test_rlvr import _scored
+  from luckystar.data import suites
+  example = suites.load('korean_mc', 'train')[0]
+
+  def draw(indices, rng):
+    calls.append((np.asarray(indices).tolist(), np.asarray(jax.random.key_data(rng)).tolist()))
+    return [[_scored(example, [20], [1], correct=bool(r), overlong=r is None, reward=r) for r in table[int(i)]]
+            for i in indices]
+  return draw
+
+
+@pytest.mark.fast
+def test_dynamic_sampling_off_is_one_draw_with_the_steps_rng():
+  calls = []
+  indices, groups, metrics = rlvr.dynamic_groups(_draw_from([[1.0, 1.0]] * 4, calls), np.arange(2),
+                                                 jax.random.key(3), pool_size=4, rounds=0)
+  assert indices.tolist() == [0, 1] and len(groups) == 2 and metrics == {}
+  assert calls == [([0, 1], np.asarray(jax.random.key_data(jax.random.key(3))).tolist())]
+
+
+@pytest.mark.fast
+def test_dynamic_sampling_drops_groups_without_spread_and_refills_them():
+  # prompts 0-3 all-equal, a single survivor, or none: uninformative; 4-9 informative
+  table = [[1.0, 1.0], [0.0, 0.0], [1.0, None], [None, None]] + [[1.0, 0.0]] * 6
+  np.testing.assert_array_equal(rlvr.informative_groups(_draw_from(table, [])(np.arange(10), jax.random.key(0))),
+                                [False] * 4 + [True] * 6)
+  calls = []
+  indices, groups, metrics = rlvr.dynamic_groups(_draw_from(table, calls), np.array([0, 4, 1, 5]),
+                                                 jax.random.key(0), pool_size=10, rounds=8)
+  assert len(indices) == len(groups) == 4 and indices[:2].tolist() == [4, 5]
+  assert all(i >= 4 for i in indices) and rlvr.informative_groups(groups).all()
+  rounds = len(calls) - 1
+  assert metrics['train/dynamic/rounds'] == rounds >= 1
+  assert metrics['train/dynamic/extra_rollouts'] == 2 * 4 * rounds
+  assert metrics['train/dynamic/uninformative_kept'] == 0
+  drawn = [i for chosen, _ in calls for i in chosen]
+  assert metrics['train/dynamic/dropped_groups'] == sum(i < 4 for i in drawn)
+  assert len({tuple(key) for _, key in calls}) == len(calls)   # each refill round draws under its own key
+
+
+@pytest.mark.fast
+def test_dynamic_sampling_keeps_the_batch_shape_when_its_rounds_run_out():
+  table = [[1.0, 1.0]] * 3 + [[1.0, 0.0]]
+  calls = []
+  indices, groups, metrics = rlvr.dynamic_groups(_draw_from(table, calls), np.array([0, 1, 2]),
+                                                 jax.random.key(1), pool_size=3, rounds=2)
+  assert indices.tolist() == [0, 1, 2] and len(calls) == 3   # the pool has no informative prompt
+  assert metrics['train/dynamic/uninformative_kept'] == 3 and metrics['train/dynamic/rounds'] == 2
+  assert metrics['train/dynamic/dropped_groups'] == 9 - 3
 
 
 # ---- the policy loss ----------------------------------------------------------------------------

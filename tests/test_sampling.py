@@ -36,9 +36,9 @@ def prompts():
   return [rng.integers(1, VOCAB, n).tolist() for n in PROMPT_LENGTHS]
 
 
-def _greedy(params, prompts, **kwargs):
-  return jax.device_get(sampling.sample(CONFIG, params, prompts, rng=jax.random.key(0), max_new_tokens=NEW_TOKENS,
-                                        temperature=0.0, **kwargs))
+def _greedy(params, prompts, max_new_tokens=NEW_TOKENS, **kwargs):
+  return jax.device_get(sampling.sample(CONFIG, params, prompts, rng=jax.random.key(0), max_new_tokens=max_new_tokens,
+                                        settings=sampling.SamplingSettings(temperature=0.0), **kwargs))
 
 
 @pytest.fixture(scope='module')
@@ -92,7 +92,7 @@ def test_greedy_equals_argmax_of_the_full_forward(params, prompts, greedy):
 
 def test_logprobs_equal_teacher_forced_logprobs(params, prompts):
   out = jax.device_get(sampling.sample(CONFIG, params, prompts, rng=jax.random.key(3), max_new_tokens=NEW_TOKENS,
-                                       temperature=1.0))
+                                       settings=sampling.SamplingSettings(temperature=1.0)))
   logits = _teacher_forced_logits(params, prompts, out)
   want = _token_logprobs(logits, out.tokens)
   np.testing.assert_allclose(out.logprobs, want, atol=1e-5)
@@ -103,7 +103,7 @@ def test_logprobs_equal_teacher_forced_logprobs(params, prompts):
 def test_truncated_sampling_logprobs(params, prompts):
   temperature, top_k, top_p = 0.7, 20, 0.6
   out = jax.device_get(sampling.sample(CONFIG, params, prompts, rng=jax.random.key(4), max_new_tokens=NEW_TOKENS,
-                                       temperature=temperature, top_k=top_k, top_p=top_p))
+                                       settings=sampling.SamplingSettings(temperature, top_k, top_p)))
   scaled = _teacher_forced_logits(params, prompts, out) / temperature
   np.testing.assert_allclose(out.untruncated_logprobs, _token_logprobs(scaled, out.tokens), atol=1e-5)
   # The truncated distribution, rebuilt in numpy: top-k, renormalise, smallest head with mass >= top_p.
@@ -122,7 +122,7 @@ def test_truncated_sampling_logprobs(params, prompts):
 
 def test_top_k_1_equals_greedy(params, prompts, greedy):
   out = jax.device_get(sampling.sample(CONFIG, params, prompts, rng=jax.random.key(5), max_new_tokens=NEW_TOKENS,
-                                       temperature=1.3, top_k=1))
+                                       settings=sampling.SamplingSettings(temperature=1.3, top_k=1)))
   np.testing.assert_array_equal(out.tokens, greedy.tokens)
   np.testing.assert_allclose(out.logprobs, 0, atol=1e-6)
 
@@ -130,7 +130,7 @@ def test_top_k_1_equals_greedy(params, prompts, greedy):
 def test_stop_tokens_and_budgets_stop_rows_independently(params, prompts, greedy):
   stops = [greedy.tokens[0, 3], greedy.tokens[2, 5]]
   budgets = [NEW_TOKENS, NEW_TOKENS, NEW_TOKENS, 6]
-  out = _greedy(params, prompts, stop_ids=stops, budgets=budgets)
+  out = _greedy(params, prompts, stop_ids=stops, max_new_tokens=budgets)
   for b in range(len(prompts)):
     hits = np.flatnonzero(np.isin(greedy.tokens[b, :budgets[b]], stops))
     length = hits[0] + 1 if hits.size else budgets[b]
@@ -171,7 +171,8 @@ def test_sharded_sampling_gives_the_same_greedy_tokens():
   batch = [rng.integers(1, VOCAB, n).tolist() for n in (3, 9, 5, 12, 1, 7, 4, 10)]
   with sharding.activate(mesh):
     out = sampling.sample(config, jax.device_put(params, model.param_shardings(config, mesh)), batch,
-                          rng=jax.random.key(0), max_new_tokens=NEW_TOKENS, temperature=0.0)
+                          rng=jax.random.key(0), max_new_tokens=NEW_TOKENS,
+                          settings=sampling.SamplingSettings(temperature=0.0))
   assert out.tokens.addressable_shards[0].data.shape[0] == 2  # the batch is split over data x fsdp
   tokens = np.asarray(out.tokens)
   full = np.zeros((len(batch), 12 + NEW_TOKENS), np.int32)
@@ -288,9 +289,10 @@ def _tool(calls):
 @pytest.fixture(scope='module')
 def rollouts():
   calls = []
+  settings = sampling.RolloutSettings(max_new_tokens=80, max_tool_turns=2, max_tool_result_tokens=6, temperature=0.0,
+                                      length_multiple=32)
   out = sampling.rollout(ScriptedDecoder(), None, TOKENIZER, [_prompt(row) for row in SCRIPTS], rng=jax.random.key(0),
-                         max_new_tokens=80, tool_fn=_tool(calls), max_tool_turns=2, max_tool_result_tokens=6,
-                         temperature=0.0, length_multiple=32)
+                         settings=settings, tool_fn=_tool(calls))
   return out, calls
 
 
@@ -377,9 +379,10 @@ def test_rollout_logprobs_align_with_the_tokens(rollouts):
 
 @pytest.mark.fast
 def test_overlong_when_a_tool_result_leaves_no_room():
-  out = sampling.rollout(ScriptedDecoder(), None, TOKENIZER, [_prompt('d')], rng=jax.random.key(0),
-                         max_new_tokens=20, tool_fn=_tool([]), max_tool_turns=2, max_tool_result_tokens=50,
-                         temperature=0.0, length_multiple=32)[0]
+  settings = sampling.RolloutSettings(max_new_tokens=20, max_tool_turns=2, max_tool_result_tokens=50, temperature=0.0,
+                                      length_multiple=32)
+  out = sampling.rollout(ScriptedDecoder(), None, TOKENIZER, [_prompt('d')], rng=jax.random.key(0), settings=settings,
+                         tool_fn=_tool([]))[0]
   assert out.overlong and len(out.token_ids) == 20 and out.actions == ['{"again": 1}']
 
 
@@ -417,15 +420,18 @@ def test_sampled_rollouts_do_not_depend_on_slots_or_which_rows_share_a_round():
   rolled out alone (its row id kept), or with fewer slots than rows (slots refilled as rows end), equals
   the same row in the whole batch token for token, and the previous rollout path's tokens."""
   decoder, prompts = ScriptedDecoder(boost=11.0), [_prompt(row) for row in SCRIPTS]
-  options = dict(rng=jax.random.key(1), max_new_tokens=80, max_tool_turns=2, max_tool_result_tokens=6,
-                 temperature=1.0, length_multiple=32)
-  whole = sampling.rollout(decoder, None, TOKENIZER, prompts, tool_fn=_tool([]), **options)
+  settings = sampling.RolloutSettings(max_new_tokens=80, max_tool_turns=2, max_tool_result_tokens=6, temperature=1.0,
+                                      length_multiple=32)
+  options = dict(rng=jax.random.key(1))
+  whole = sampling.rollout(decoder, None, TOKENIZER, prompts, settings=settings, tool_fn=_tool([]), **options)
   assert [len(r.actions) for r in whole] == [1, 0, 1, 3, 0]   # tool turns happened, unevenly
   assert [hashlib.sha256(r.token_ids.tobytes()).hexdigest()[:16] for r in whole] == PREVIOUS_PATH_TOKENS
-  alone = [sampling.rollout(decoder, None, TOKENIZER, [prompt], tool_fn=lambda _, action, i=i: _tool([])(i, action),
-                            row_ids=[i], **options)[0] for i, prompt in enumerate(prompts)]
+  alone = [sampling.rollout(decoder, None, TOKENIZER, [prompt], settings=settings,
+                            tool_fn=lambda _, action, i=i: _tool([])(i, action), row_ids=[i], **options)[0]
+           for i, prompt in enumerate(prompts)]
   for slots in (1, 2):
-    few = sampling.rollout(decoder, None, TOKENIZER, prompts, tool_fn=_tool([]), slots=slots, **options)
+    few = sampling.rollout(decoder, None, TOKENIZER, prompts, settings=dataclasses.replace(settings, slots=slots),
+                           tool_fn=_tool([]), **options)
     for got in (alone, few):
       for a, b in zip(got, whole):
         np.testing.assert_array_equal(a.token_ids, b.token_ids)
@@ -468,13 +474,14 @@ def test_rollouts_keep_their_cache_across_tool_turns_and_slots():
   rng = np.random.default_rng(5)
   prompts = [prompt for n in (3, 9, 14, 6) for prompt in [rng.integers(16, 8000, n).tolist()] * 2]
   tool_fn = lambda row, action: 'x ' * (row + 1)
-  options = dict(rng=jax.random.key(2), max_new_tokens=40, tool_fn=tool_fn, max_tool_turns=2, temperature=1.0,
-                 length_multiple=16)
+  settings = sampling.RolloutSettings(max_new_tokens=40, max_tool_turns=2, temperature=1.0, length_multiple=16)
+  options = dict(rng=jax.random.key(2), tool_fn=tool_fn)
   ended = []
-  few = sampling.rollout(decoder, params, TOKENIZER, prompts, slots=2, progress=ended.append, **options)
+  few = sampling.rollout(decoder, params, TOKENIZER, prompts, settings=dataclasses.replace(settings, slots=2),
+                         hooks=sampling.RolloutHooks(progress=ended.append), **options)
   assert sum(ended) == len(prompts) and len(ended) > 2   # reported as rows end
   assert sum(len(r.tool_results) for r in few) >= 4 and len({len(r.token_ids) for r in few}) > 1
-  for a, b in zip(few, sampling.rollout(decoder, params, TOKENIZER, prompts, **options)):
+  for a, b in zip(few, sampling.rollout(decoder, params, TOKENIZER, prompts, settings=settings, **options)):
     np.testing.assert_array_equal(a.token_ids, b.token_ids)
   for prompt, r in zip(prompts, few):
     sequence = np.array(prompt + r.token_ids.tolist())
@@ -493,8 +500,9 @@ def test_sharded_rollouts_with_refilled_slots_equal_one_device():
   decoder = Nudged(sampling.CachedDecoder(config))
   rng = np.random.default_rng(6)
   prompts = [rng.integers(16, 8000, n).tolist() for n in (3, 9, 14, 6, 2, 11, 5, 8)]
-  options = dict(rng=jax.random.key(3), max_new_tokens=24, tool_fn=lambda row, action: 'y ' * (row % 3 + 1),
-                 max_tool_turns=2, temperature=1.0, length_multiple=16, slots=4)
+  options = dict(rng=jax.random.key(3), tool_fn=lambda row, action: 'y ' * (row % 3 + 1),
+                 settings=sampling.RolloutSettings(max_new_tokens=24, max_tool_turns=2, temperature=1.0,
+                                                   length_multiple=16, slots=4))
   alone = sampling.rollout(decoder, params, TOKENIZER, prompts, **options)
   mesh = sharding.make_mesh((2, 2, 2))
   with sharding.activate(mesh):

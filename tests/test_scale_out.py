@@ -12,7 +12,7 @@ from luckystar import model
 from luckystar import sampling
 from luckystar.model import sharding
 from luckystar.engine import logprobs
-from luckystar.stages import dpo, rlvr as rloo
+from luckystar.stages import dpo, rlvr
 from luckystar.engine import optim
 from luckystar.engine import state as state_lib
 from luckystar.engine import step as step_lib
@@ -32,7 +32,7 @@ def sft_batch(rng):
           'positions': positions}
 
 
-def rloo_batch(rng):
+def rlvr_batch(rng):
   """Two prompts × four rollouts: a 5-token prompt, then a continuation of random length."""
   lengths = rng.integers(8, LENGTH + 1, ROWS)
   inside = np.arange(LENGTH)[None] < lengths[:, None]
@@ -58,8 +58,8 @@ def dpo_batch(rng):
 
 STAGES = {  # loss, denominator, batch maker
     'sft': (functools.partial(logprobs.token_cross_entropy, model_config=MICRO), 'tokens', sft_batch),
-    'rloo': (functools.partial(rloo.loss_fn, model_config=MICRO, temperature=0.7, clip_epsilon=0.2), 'tokens',
-             rloo_batch),
+    'rlvr': (functools.partial(rlvr.loss_fn, model_config=MICRO, temperature=0.7, clip_epsilon=0.2), 'tokens',
+             rlvr_batch),
     'dpo': (functools.partial(dpo.loss_fn, model_config=MICRO, beta=0.1, sft_weight=0.5, anchor_weight=2.0), 'pairs',
             dpo_batch),
 }
@@ -121,7 +121,8 @@ def test_sharded_rollouts_sample_the_same_tokens():
   for name, mesh in {'one device': one_device(), layout: sharding.make_mesh(LAYOUTS[layout])}.items():
     with sharding.activate(mesh):
       outputs[name] = sampling.sample(MICRO, jax.device_put(params, model.param_shardings(MICRO, mesh)), prompts,
-                                      rng=jax.random.key(5), max_new_tokens=8, temperature=1.0)
+                                      rng=jax.random.key(5), max_new_tokens=8,
+                                      settings=sampling.SamplingSettings(temperature=1.0))
   data, fsdp, _ = LAYOUTS[layout]
   assert outputs[layout].tokens.addressable_shards[0].data.shape[0] == len(prompts) // (data * fsdp)
   np.testing.assert_array_equal(np.asarray(outputs[layout].tokens), np.asarray(outputs['one device'].tokens))
@@ -139,7 +140,8 @@ def test_sharded_sampling_pads_a_batch_that_does_not_split():
   for name, mesh in {'one device': one_device(), 'data': sharding.make_mesh(LAYOUTS['data'])}.items():
     with sharding.activate(mesh):
       outputs[name] = sampling.sample(MICRO, jax.device_put(params, model.param_shardings(MICRO, mesh)), prompts,
-                                      rng=jax.random.key(6), max_new_tokens=6, temperature=0.0)
+                                      rng=jax.random.key(6), max_new_tokens=6,
+                                      settings=sampling.SamplingSettings(temperature=0.0))
   assert outputs['data'].tokens.shape == (5, 6)
   np.testing.assert_array_equal(np.asarray(outputs['data'].tokens), np.asarray(outputs['one device'].tokens))
   np.testing.assert_array_equal(np.asarray(outputs['data'].lengths), np.asarray(outputs['one device'].lengths))
@@ -153,7 +155,7 @@ def test_metrics_do_not_depend_on_grad_accum_steps(stage):
   loss, denominator, make_batch = STAGES[stage]
   batch = jax.tree.map(np.asarray, make_batch(np.random.default_rng(3)))
   params = host_params(MICRO, 1)
-  weights = {'sft': None, 'rloo': rloo.AUX_WEIGHTS, 'dpo': dpo.AUX_WEIGHTS}[stage]
+  weights = {'sft': None, 'rlvr': rlvr.AUX_WEIGHTS, 'dpo': dpo.AUX_WEIGHTS}[stage]
   aux = {k: jax.jit(lambda p, b, k=k: step_lib.accumulate_gradients(
       loss, p, b, jax.random.key(0), grad_accum_steps=k, denominator=denominator, aux_weights=weights)[1])(
           params, batch) for k in (1, 2, 4)}

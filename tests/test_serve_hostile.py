@@ -197,7 +197,7 @@ def programs(*functions):
   return sum(f._cache_size() for f in functions)
 
 
-DECODE = (sampling._generate, sampling._admit, sampling._init_state)
+DECODE = (sampling.decode_round, sampling.admit, sampling.init_state)
 
 
 def reply(client, **fields):

@@ -30,7 +30,7 @@ def test_grid_is_a_product_and_commands_carry_the_overrides(tmp_path):
 
 def _fake_run(workdir: pathlib.Path, rewards, mismatch):
   workdir.mkdir(parents=True)
-  rows = [{'step': i + 1, 'train/reward': r} for i, r in enumerate(rewards)]
+  rows = [{'step': i + 1, 'train/reward': r, 'perf/steps_per_sec': 0.5} for i, r in enumerate(rewards)]
   rows[0]['eval/language_mismatch'], rows[-1]['eval/language_mismatch'] = mismatch
   rows[1]['train/reward'] = float('nan')   # undefined values are skipped, never "best"
   (workdir / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
@@ -55,8 +55,25 @@ def test_table_has_final_and_best_per_run_and_mean_over_seeds(tmp_path):
   rows = list(csv.DictReader(csv_path.open()))
   assert len(rows) == 4 and rows[3]['train/reward (final)'] == '0.4' and rows[3]['seed'] == '1'
   markdown = md_path.read_text()
-  assert '| 0 | 0 | 4 | 0.300 (0.500) | 0.200 (0.200) | – (–) |' in markdown
-  assert '| 0.5 | 2 | 0.300 ± 0.141 | 0.000 ± 0.000 | – |' in markdown   # mean ± std of the final values
+  assert '| 0 | 0 | 4 | 0.300 (0.500) | 0.200 (0.200) | – (–) | 2.000 | – |' in markdown   # 2 s/step, no wall file
+  assert '| 0.5 | 2 | 0.300 ± 0.141 | 0.000 ± 0.000 | – | 2.000 ± 0.000 |' in markdown   # mean ± std over seeds
+
+
+def test_arms_set_their_overrides_together_and_label_the_table(tmp_path):
+  arms = sweep.parse_arms(['rloo', 'dapo;rlvr.advantage=grpo;rlvr.reward=correct:1,overlong_soft:1'])
+  assert arms == {'rloo': {}, 'dapo': {'rlvr.advantage': 'grpo', 'rlvr.reward': 'correct:1,overlong_soft:1'}}
+  points = sweep.run_points(arms, sweep.parse_grid(['learning_rate=1e-5']))
+  assert points[1] == ({'arm': 'dapo', 'learning_rate': '1e-5'},
+                       {'rlvr.advantage': 'grpo', 'rlvr.reward': 'correct:1,overlong_soft:1', 'learning_rate': '1e-5'})
+  assert sweep.run_name(points[1][0], 0) == 'arm=dapo,learning_rate=1e-5,seed=0'
+  assert '--config.rlvr.reward=correct:1,overlong_soft:1' in sweep.command('c.py', tmp_path, points[1][1], 0)
+  assert sweep.run_points({}, {'seed': ['1']}) == [({'seed': '1'}, {'seed': '1'})]
+  for bad in ('dapo;rlvr.advantage', 'a=b;x=1'):
+    with pytest.raises(SystemExit, match='--arm'):
+      sweep.parse_arms([bad])
+  sweep._add_wall_time(tmp_path, 10.0)
+  sweep._add_wall_time(tmp_path, 2.5)   # a resumed run adds its time
+  assert sweep._wall_time(tmp_path) == 12.5
 
 
 def test_a_run_without_metrics_is_named(tmp_path):

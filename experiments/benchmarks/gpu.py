@@ -36,7 +36,7 @@ random weights, bf16 params and activations on both sides. transformers' model i
    window). FLOPs: 12 · heads · head_dim · T · keys (QKᵀ and PV forward, twice that backward, nothing
    for recomputation), keys as above for that one layer.
 4. Greedy sampling, --sample_batch prompts (64) of --prompt_tokens (128) random tokens, --new_tokens (256)
-   new tokens each, no early stop: `sampling.sample(temperature=0)` (jitted prefill + while_loop decode)
+   new tokens each, no early stop: `sampling.sample` greedy (jitted prefill + while_loop decode)
    beside `generate(do_sample=False, min_new_tokens=max_new_tokens)` with its default dynamic cache, then
    with cache_implementation='static' (which transformers compiles with torch.compile on CUDA by itself;
    its compile is in the warm-up). tokens/s = batch · new tokens / seconds, prefill included. The weights
@@ -411,7 +411,7 @@ def sampling_section(bench: Bench, config: model.ModelConfig):
 
     def run():
       out = sampling.sample(config, params, prompt_lists, rng=jax.random.key(0), max_new_tokens=args.new_tokens,
-                            temperature=0.0)
+                            settings=sampling.SamplingSettings(temperature=0.0))
       jax.block_until_ready(out.tokens)
     return run
 

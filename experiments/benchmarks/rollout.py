@@ -11,7 +11,7 @@ prompt as rows n·k + j, its sampling settings (temperature 1.0) and tool limits
 `rollouts.task_tools` (NL2SQL rows query their database in the sandbox, every row has the calculator).
 Each repeat runs, in turn:
   tools        `sampling.rollout` with the tools, a slot per row
-  tools/half   the same rows in half as many slots (continuous batching refills them), where supported
+  tools/half   the same rows in half as many slots (continuous batching refills them)
   no tools     `sampling.rollout` without tools (a row that calls one ends there)
   sampler      `sampling.sample` on the same prompts, new tokens, temperature and stop tokens (the same work
                as `no tools`: one prefill and one decode loop, no host round trips)
@@ -19,12 +19,10 @@ after one warm-up of each (compiles). Medians over --repeats are printed: second
 (model tokens; tool turns spliced in are not counted), tool calls, and the programs compiled after the
 warm-up (jit cache sizes of the sampler's programs; 0 means shapes stayed fixed). `no tools / sampler`
 is the rollout loop's overhead on identical work; their tokens must agree row for row (per-row keys).
-Runs on older releases too (PYTHONPATH=<old checkout>), for before/after numbers: options and counters
-they lack are skipped.
 """
 
 import argparse
-import inspect
+import dataclasses
 import pathlib
 import statistics
 import time
@@ -36,15 +34,16 @@ import luckystar
 from luckystar import config as config_lib
 from luckystar import sampling
 from luckystar.engine import rollouts
+from luckystar.engine import curriculum
 from luckystar.stages import rlvr
 
 RLVR_CONFIG = pathlib.Path(__file__).resolve().parents[2] / 'configs' / 'rlvr.py'
 
 
 def compiled_programs() -> int:
-  """Programs the sampler has compiled so far (jit cache entries), where this release exposes them."""
-  return sum(f._cache_size() for name in ('_extend', '_generate', 'sample_padded')
-             if hasattr(f := getattr(sampling, name, None), '_cache_size'))
+  """Programs the sampler has compiled so far (jit cache entries)."""
+  return sum(f._cache_size() for f in (sampling.init_state, sampling.grow_state, sampling.admit,
+                                       sampling.admit_in_place, sampling.decode_round, sampling.sample_padded))
 
 
 def main():
@@ -61,30 +60,29 @@ def main():
   new_tokens = args.new_tokens or config.sampling.max_new_tokens
   model = luckystar.load(args.model)
   tokenizer = model.tokenizer
-  pool, _ = rlvr.prompt_pool(settings, 'train', tokenizer, seed=config.seed)
+  pool, _ = curriculum.prompt_pool(settings, 'train', tokenizer, seed=config.seed)
   by_task = [[e for e in pool if e.task == task] for task in sorted({e.task for e in pool})]
   examples = [e for group in zip(*by_task) for e in group][:args.prompts]   # round-robin over the tasks
   rows = [e for e in examples for _ in range(args.k)]
   prompts = [rollouts.render_prompt(tokenizer, e) for e in rows]
   tool_fn = rollouts.task_tools(rows)
   rng = jax.random.key(config.seed)
-  common = dict(rng=rng, max_new_tokens=new_tokens, temperature=config.sampling.temperature)
-  has_slots = 'slots' in inspect.signature(sampling.rollout).parameters
+  rollout_settings = dataclasses.replace(rollouts.rollout_settings(config, 'rlvr'), max_new_tokens=new_tokens)
 
   def rollout(tools: bool, slots: int | None = None):
-    out = sampling.rollout(model.config, model.params, tokenizer, prompts, tool_fn=tool_fn if tools else None,
-                           max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
-                           **common, **({'slots': slots} if slots else {}))
+    out = sampling.rollout(model.config, model.params, tokenizer, prompts, rng=rng,
+                           settings=dataclasses.replace(rollout_settings, slots=slots),
+                           tool_fn=tool_fn if tools else None)
     return int(sum(r.loss_mask.sum() for r in out)), sum(len(r.tool_results) for r in out), out
 
   def sample():
-    out = jax.device_get(sampling.sample(model.config, model.params, prompts, stop_ids=tokenizer.stop_ids,
-                                         length_multiple=settings.length_multiple, **common))
+    out = jax.device_get(sampling.sample(model.config, model.params, prompts, rng=rng, max_new_tokens=new_tokens,
+                                         settings=rollout_settings.sampling, stop_ids=tokenizer.stop_ids,
+                                         length_multiple=settings.length_multiple))
     return int(out.lengths.sum()), 0, out
 
-  modes = {'tools': lambda: rollout(True), 'no tools': lambda: rollout(False), 'sampler': sample}
-  if has_slots:
-    modes['tools/half'] = lambda: rollout(True, len(rows) // 2)
+  modes = {'tools': lambda: rollout(True), 'no tools': lambda: rollout(False), 'sampler': sample,
+           'tools/half': lambda: rollout(True, len(rows) // 2)}
   print(f'{args.model}: {len(examples)} prompts × {args.k} samples, {new_tokens} new tokens, temperature '
         f'{config.sampling.temperature}; prompt tokens {min(map(len, prompts))}–{max(map(len, prompts))}; '
         f'jax {jax.__version__} on {jax.devices()[0].platform}')

@@ -156,7 +156,7 @@ def main():
 
     def ours_run():
       out = sampling.sample(ours.config, ours.params, prompts.tolist(), rng=jax.random.key(0),
-                            max_new_tokens=args.new_tokens, temperature=0.0)
+                            max_new_tokens=args.new_tokens, settings=sampling.SamplingSettings(temperature=0.0))
       return jax.block_until_ready(out)
 
     def theirs_run(new_tokens=args.new_tokens):

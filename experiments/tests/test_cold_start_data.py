@@ -14,7 +14,8 @@ from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import conversations, nl2sql, sources, suites
 from luckystar.data.examples import rs_only
 from luckystar.stages import pipeline as reproduce
-from luckystar.stages import rlvr as rloo
+from luckystar.engine import curriculum
+from luckystar.stages import rlvr
 from luckystar.stages import sft
 from luckystar.tools import sql as sql_tool
 
@@ -62,20 +63,20 @@ def test_rl_only_prompts_join_rls_pool_never_its_eval_set():
       sources='bundled:nl2sql', max_prompt_tokens=384, selection_prompts={'nl2sql': 48}, selection_samples=8,
       select_pass_rate=(0.125, 0.875), eval_prompts=96, eval_split='train')))
   tok = tokenizer_lib.default()
-  pool, _ = rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
-  heldout, _ = rloo.reserve_eval(config, tok, pool)
-  fingerprint = rloo._fingerprint(config, tokenizer_lib.default())
+  pool, _ = curriculum.prompt_pool(config.rlvr, 'train', tok, seed=0)
+  heldout, _ = curriculum.reserve_eval(config, tok, pool)
+  fingerprint = curriculum._fingerprint(config, tokenizer_lib.default())
   config.rlvr.sources = 'bundled:nl2sql,bundled:nl2sql_rl_only_1'
-  bigger, _ = rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
+  bigger, _ = curriculum.prompt_pool(config.rlvr, 'train', tok, seed=0)
   rl_ids = {e.id for e in cold_start_data.rl_only(1)}
   rl_only = [e for e in bigger if e.id in rl_ids]
   assert rl_only and bigger == pool + rl_only and not {e.id for e in pool} & rl_ids
   assert not {e.prompt for e in rl_only} & {e.prompt for e in suites.load('nl2sql') if rs_only(e, 0)}
-  same_heldout, bigger_rest = rloo.reserve_eval(config, tok, bigger)
+  same_heldout, bigger_rest = curriculum.reserve_eval(config, tok, bigger)
   assert same_heldout == heldout                                   # the eval set stays on the training databases
   fresh = [e for e in rl_only if e.answer not in {h.answer for h in heldout}]
   assert fresh and [e for e in bigger_rest if e.id in rl_ids] == fresh
-  assert rloo._fingerprint(config, tokenizer_lib.default()) != fingerprint                                # other RL-only databases
+  assert curriculum._fingerprint(config, tokenizer_lib.default()) != fingerprint                                # other RL-only databases
 
 
 @pytest.mark.parametrize('split', ['train', 'heldout'])

@@ -98,8 +98,7 @@ def _rows(name: str, directory: pathlib.Path) -> tuple[dict[str, Any], ...]:
                              f'(the file was changed or truncated); {REINSTALL}')
   if path.suffix == '.gz':
     data = gzip.decompress(data)   # the digest matched: this is the file we shipped
-  rows = tuple(files.loads(line, f'{path}:{number}')
-               for number, line in enumerate(data.decode('utf-8').splitlines(), 1) if line.strip())
+  rows = tuple(row for _, row in files.parse_jsonl(data.decode('utf-8'), path))
   if len(rows) != entry['records']:
     raise errors.InvalidFile(f'{path}: {len(rows)} records, not the {entry["records"]} that {SOURCES_FILE} '
                              f'records; {REINSTALL}')

@@ -27,6 +27,9 @@ from luckystar.tools import sql as sql_tool
 
 # SFT mixture defaults: 80% reasoning-mode conversations, 20% concise (paper §2.1).
 DEFAULT_WEIGHTS = {'reasoning': 0.8, 'concise': 0.2}
+# The bundled SFT recipe, not a task list: which registered tasks (`luckystar.tasks`) teach each mode, in the order
+# that fixes the mixture's shuffle and so the bundled models. NL2SQL is left to RL (the paper's cold start), as is
+# a newly registered task unless named here.
 REASONING_TASKS = ('math', 'function_calling', 'korean_mc', 'chat')
 CONCISE_TASKS = ('chat', 'korean_mc', 'math', 'function_calling')  # concise tool use: the action alone
 # `tiny-base` (the stand-in for an already post-trained chat model, docs/data.md): concise-mode
@@ -211,15 +214,12 @@ def read_rs_traces(path: str, tokenizer: Tokenizer) -> list[dict[str, np.ndarray
   does a trace of another tokenizer (its `tokenizer` fingerprint, `Tokenizer.made`)."""
   vocab_size = tokenizer.vocab_size
   try:
-    text = files.read_text(path, what='rejection-sampling trace file')
+    records = files.read_jsonl(path, what='rejection-sampling trace file')
   except errors.MissingFile:
     raise errors.MissingFile(f'{path}: no such rejection-sampling trace file (config.sft.rs_traces); '
                              'run the rejection_sampling stage first, or set it to "" for none') from None
   traces = []
-  for number, line in enumerate(text.split('\n'), start=1):   # not splitlines(): U+2028 may sit inside a string
-    if not line.strip():
-      continue
-    record = files.loads(line, f'{path}:{number}')
+  for number, record in records:
     try:
       if not isinstance(record, dict) or record.get('mode') != 'reasoning':
         raise ValueError('expected a JSON object with "mode": "reasoning"')

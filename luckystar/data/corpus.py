@@ -19,7 +19,8 @@ from typing import Iterator, Sequence
 import faker
 
 from luckystar import tokenizer
-from luckystar.data import examples, suites
+from luckystar.data import suites
+from luckystar.tasks import TASKS
 
 _KO_TEMPLATES = (
     '{name}은(는) 사과를 {a}개 가지고 있고, {b}개를 더 샀습니다. 사과는 모두 몇 개입니까?',
@@ -77,7 +78,7 @@ def suite_text(seed: int = 0, db_dir: str | None = None) -> Iterator[str]:
   """Every text field of the train and teacher splits of every task suite, and the chat preambles.
   Held-out text stays out, so evaluation prompts are as unseen to the tokenizer as to the model."""
   yield from tokenizer.PREAMBLES.values()
-  for task in examples.TASKS:
+  for task in TASKS:
     for example in suites.load(task, seed=seed, db_dir=db_dir, curate=False):
       if example.split == 'heldout':
         continue

@@ -35,10 +35,8 @@ def _read_json_values(path: str | pathlib.Path) -> Iterator[tuple[int, Any]]:
   """(line number, value) of each element of a JSON array file, or of each non-blank line of a JSON-lines file.
 
   Read within `files`' bounds: a FIFO or device, JSON nested too deep, NaN, or a lone surrogate is an error naming
-  file and line; a leading byte-order mark is dropped. Lines end at '\n' only (a '\r' before it is dropped):
-  json.dumps(ensure_ascii=False) leaves U+2028, U+2029 and U+0085 unescaped inside strings, and str.splitlines()
-  would split a record there. Text after an array's closing bracket, or a trailing comma in it, is an error naming
-  file and line."""
+  file and line; a leading byte-order mark is dropped. A JSON-lines file is `files.parse_jsonl`'s. Text after an
+  array's closing bracket, or a trailing comma in it, is an error naming file and line."""
   path = pathlib.Path(path)
   try:
     text = files.read_text(path, what='data file')
@@ -68,10 +66,10 @@ def _read_json_values(path: str | pathlib.Path) -> Iterator[tuple[int, Any]]:
     if (end := _WHITESPACE.match(text, index + 1).end()) < len(text):
       raise DataError(f'{path}:{line_at(end)}: unexpected text after the JSON array\'s closing "]"')
     return
-  for line, raw in enumerate(text.split('\n'), 1):
-    raw = raw.removesuffix('\r')
-    if raw.strip():
-      yield line, _loads(raw, f'{path}:{line}')
+  try:
+    yield from files.parse_jsonl(text, path)
+  except errors.InvalidFile as e:
+    raise DataError(str(e)) from None
 
 
 # Finds where an array element ends, depth already checked; `files.loads` then parses the element itself, so a

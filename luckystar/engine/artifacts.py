@@ -15,6 +15,7 @@ import jax
 
 from luckystar import distributed
 from luckystar import errors
+from luckystar import files as files_lib
 from luckystar.data import sources
 
 Files = Mapping[str, str | bytes]   # file name in the workdir → its content
@@ -110,7 +111,7 @@ def load_or_build(workdir: str | pathlib.Path, record_name: str, fingerprint: Ma
   exists = path.is_file()
   distributed.barrier(f'artifact {path} looked up')   # every process decides before process 0 may write it
   if exists:
-    saved = json.loads(path.read_text(encoding='utf-8'))
+    saved = files_lib.read_json_object(path, what=f'{what} record', finite=False)
     if saved.get('fingerprint') == fingerprint:
       logging.info('%s: reusing %s', what, path)
       return saved

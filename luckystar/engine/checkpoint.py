@@ -26,7 +26,7 @@ import re
 import shutil
 import sys
 import traceback
-from typing import Any
+from typing import Any, Sequence
 import zlib
 
 from absl import logging
@@ -143,19 +143,9 @@ def _advice(step_dir: pathlib.Path, use: str) -> str:
   return f'there is no earlier checkpoint; delete {step_dir} to start over, or use a new --workdir'
 
 
-def verify_checksums(step_dir: pathlib.Path, *, use: str = 'resume from', shared: bool = False) -> None:
-  """Checks a step directory against its checksum manifests before orbax reads it.
-
-  A changed, truncated or missing file, or a damaged manifest, is a CheckpointError naming the file and the
-  step to fall back to; a step without manifests (saved before they existed, or killed between orbax's commit
-  and their writing) or with files no manifest lists is restored with a one-line warning, as nothing that
-  orbax wrote is known to be wrong. `shared`: every process calls this together and hashes only its share."""
-  step_dir = pathlib.Path(step_dir)
-  manifests = sorted(step_dir.glob(f'{CHECKSUMS_PREFIX}process_*.json'))
-  if not manifests:
-    logging.warning('%s: no checksums (saved before luckystar wrote them, or stopped while writing them); '
-                    'restoring it unverified', step_dir)
-    return
+def _read_manifests(step_dir: pathlib.Path, manifests: Sequence[pathlib.Path], use: str) -> tuple[dict, int]:
+  """(file name → (size, CRC-32), the saving run's process count) of intact manifests from one run, or a
+  CheckpointError naming the damaged manifest or the mix of runs."""
   expected, process_counts = {}, set()
   for path in manifests:
     try:
@@ -177,7 +167,24 @@ def verify_checksums(step_dir: pathlib.Path, *, use: str = 'resume from', shared
   if len(process_counts) != 1:
     raise CheckpointError(f'{step_dir}: its checksum manifests come from different runs ({len(process_counts)} '
                           f'process counts); {_advice(step_dir, use)}')
-  absent = [i for i in range(process_counts.pop()) if not manifest_path(step_dir, i).is_file()]
+  return expected, process_counts.pop()
+
+
+def verify_checksums(step_dir: pathlib.Path, *, use: str = 'resume from', shared: bool = False) -> None:
+  """Checks a step directory against its checksum manifests before orbax reads it.
+
+  A changed, truncated or missing file, or a damaged manifest, is a CheckpointError naming the file and the
+  step to fall back to; a step without manifests (saved before they existed, or killed between orbax's commit
+  and their writing) or with files no manifest lists is restored with a one-line warning, as nothing that
+  orbax wrote is known to be wrong. `shared`: every process calls this together and hashes only its share."""
+  step_dir = pathlib.Path(step_dir)
+  manifests = sorted(step_dir.glob(f'{CHECKSUMS_PREFIX}process_*.json'))
+  if not manifests:
+    logging.warning('%s: no checksums (saved before luckystar wrote them, or stopped while writing them); '
+                    'restoring it unverified', step_dir)
+    return
+  expected, processes = _read_manifests(step_dir, manifests, use)
+  absent = [i for i in range(processes) if not manifest_path(step_dir, i).is_file()]
   unlisted = [f for f in _files(step_dir) if f not in expected]
   if absent:
     logging.warning('%s: no checksums from process %s (stopped while writing them?); its files are restored '

@@ -16,8 +16,8 @@ eval/response_length (plus eval/correctness/<task>, eval/correctness/<language>)
 (`Settings.samples` draws per prompt at `Settings.temperature`), correctness is pass@1 at that temperature.
 `language_mismatch` is the paper's Table 2 figure: among Korean prompts with a parsable
 response, the fraction whose response is not Korean. `hybrid_format` is the reasoning mode's
-contract (paper §2.2): among prompts answered in text (HYBRID_TASKS), the fraction with an English
-thinking section and then a non-empty response in the prompt's language.
+contract (paper §2.2): among prompts answered in text (tasks with `hybrid_format` in `luckystar.tasks`), the
+fraction with an English thinking section and then a non-empty response in the prompt's language.
 """
 
 import collections
@@ -40,16 +40,13 @@ from luckystar.engine import rollouts as rollouts_lib
 from luckystar.engine import step as step_lib
 from luckystar.model import ModelConfig
 from luckystar.rewards import language, reward
-from luckystar.tokenizer import Tokenizer
-
-MODES = ('reasoning', 'concise')
-TASKS = ('math', 'nl2sql', 'function_calling', 'korean_mc', 'chat')
-HYBRID_TASKS = ('math', 'korean_mc', 'chat')  # answered in text: thinking, (math: the calculator,) response
+from luckystar.tasks import TASKS
+from luckystar.tokenizer import MODES, Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  tasks: Sequence[str] = TASKS
+  tasks: Sequence[str] = dataclasses.field(default_factory=lambda: tuple(TASKS))   # every registered task
   modes: Sequence[str] = MODES
   split: str = 'heldout'
   per_task_language: int = 32      # examples per (task, language); the first N of the split
@@ -128,11 +125,13 @@ def model_respond(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, 
     rendered = [rollouts_lib.render_prompt(tokenizer, e, mode) for e in examples]
     with tqdm.tqdm(total=len(examples), desc=f'eval {mode}' + (' sampled' if temperature > 0 else ''),
                    unit='prompt', leave=False, dynamic_ncols=True, disable=jax.process_index() != 0) as bar:
-      return sampling.rollout(
-          model_config, params, tokenizer, rendered, tool_fn=rollouts_lib.task_tools(examples),
+      rollout_settings = sampling.RolloutSettings(
+          max_new_tokens=max_new_tokens or settings.max_new_tokens, temperature=temperature,
           max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
-          max_new_tokens=max_new_tokens or settings.max_new_tokens, temperature=temperature, rng=jax.random.key(seed),
-          slots=settings.batch_size, progress=bar.update)
+          slots=settings.batch_size)
+      return sampling.rollout(model_config, params, tokenizer, rendered, rng=jax.random.key(seed),
+                              settings=rollout_settings, tool_fn=rollouts_lib.task_tools(examples),
+                              hooks=sampling.RolloutHooks(progress=bar.update))
   return respond
 
 
@@ -195,7 +194,7 @@ def summarize(results: Sequence[Result], mode: str) -> dict[str, float]:
   if mode == 'reasoning':
     hybrid = collections.defaultdict(list)
     for example, rollout, verdict in results:
-      if example.task in HYBRID_TASKS:
+      if TASKS[example.task].hybrid_format:
         hybrid[example.language].append(hybrid_format_ok(rollout.thinking, rollout.final_turn.response, verdict))
     figures['hybrid_format'] = mean(ok for values in hybrid.values() for ok in values)
     figures.update({f'hybrid_format/{lang}': mean(values) for lang, values in sorted(hybrid.items())})

@@ -54,6 +54,28 @@ class Generation:
 Tools = sampling.ToolFn | str | os.PathLike | Sequence['str | os.PathLike | None'] | None
 
 
+def _render_chats(tokenizer: tokenizer_lib.Tokenizer, conversations: Sequence[Sequence[dict]], modes: Sequence[str],
+                  single: bool) -> list[list[int]]:
+  """Each conversation rendered for the assistant's next turn in its mode; a malformed one is a ValueError naming
+  its index (none for a single conversation)."""
+  rendered = []
+  for k, (messages, mode) in enumerate(zip(conversations, modes)):
+    try:
+      rendered.append(tokenizer.render(tokenizer_lib.from_openai(messages), mode, add_generation_prompt=True)[0])
+    except ValueError as e:
+      raise ValueError(str(e) if single else f'conversations[{k}]: {e}') from None
+  return rendered
+
+
+def _rendered_more(tokenizer: tokenizer_lib.Tokenizer, more: Callable | None) -> Callable | None:
+  """`Model.chat`'s more (conversations) as `sampling.rollout`'s (rendered prompts and keys)."""
+  if more is None:
+    return None
+  return lambda free, cache: [
+      (tokenizer.render(tokenizer_lib.from_openai(messages), mode, add_generation_prompt=True)[0], budget,
+       jax.random.key(seed), row_id) for messages, mode, budget, seed, row_id in more(free, cache)]
+
+
 @dataclasses.dataclass
 class Model:
   """A loaded model: architecture, params (a pytree of arrays), tokenizer (None if unknown) and the dtype its
@@ -129,12 +151,7 @@ class Model:
     per_row = lambda value, name: ([value] * len(conversations) if isinstance(value, (str, int)) else
                                    _one_each(value, len(conversations), name))
     modes, seeds = per_row(mode, 'mode'), per_row(seed, 'seed')
-    rendered = []
-    for k, (messages, row_mode) in enumerate(zip(conversations, modes)):
-      try:
-        rendered.append(tokenizer.render(tokenizer_lib.from_openai(messages), row_mode, add_generation_prompt=True)[0])
-      except ValueError as e:
-        raise ValueError(str(e) if single else f'conversations[{k}]: {e}') from None
+    rendered = _render_chats(tokenizer, conversations, modes, single)
     earlier = collections.Counter()
     row_ids = [earlier.update([s]) or earlier[s] - 1 for s in seeds]
     rng = (jax.random.key(seeds[0]) if len(set(seeds)) == 1 and more is None else
@@ -144,16 +161,17 @@ class Model:
       if tools is not None and not callable(tools):
         raise ValueError('more: give tools as None or a tool_fn (database paths are per conversation)')
       tool_fn = tools or sampling.agent_tools(collections.defaultdict(lambda: None))   # any row: no database
-      added = lambda free, cache: [
-          (tokenizer.render(tokenizer_lib.from_openai(messages), row_mode, add_generation_prompt=True)[0], budget,
-           jax.random.key(row_seed), row_id) for messages, row_mode, budget, row_seed, row_id in more(free, cache)]
-    rollouts = sampling.rollout(
-        self.config, self.params, tokenizer, rendered, rng=rng, row_ids=row_ids,
-        max_new_tokens=per_row(max_new_tokens, 'max_new_tokens'), tool_fn=tool_fn,
-        max_tool_turns=max_tool_turns, max_tool_result_tokens=max_tool_result_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, decode_chunk=decode_chunk, check=check, follow=follow, slots=slots,
-        more=added if more is not None else None,
+    added = _rendered_more(tokenizer, more)
+    budgets = per_row(max_new_tokens, 'max_new_tokens')
+    settings = sampling.RolloutSettings(   # max_new_tokens: the largest budget (each row's own: budgets)
+        max_new_tokens=max(budgets, default=1), temperature=temperature, top_k=top_k, top_p=top_p,
+        max_tool_turns=max_tool_turns, max_tool_result_tokens=max_tool_result_tokens, slots=slots,
+        decode_chunk=decode_chunk)
+    hooks = sampling.RolloutHooks(
+        check=check, follow=follow, more=added,
         done=(lambda index, rollout: done(index, self._generation(rollout))) if done is not None else None)
+    rollouts = sampling.rollout(self.config, self.params, tokenizer, rendered, rng=rng, settings=settings,
+                                budgets=budgets, tool_fn=tool_fn, row_ids=row_ids, hooks=hooks)
     generations = [self._generation(r) for r in rollouts]
     return generations[0] if single else generations
 

@@ -32,6 +32,7 @@ from luckystar.engine import artifacts
 from luckystar.engine import checkpoint
 from luckystar.engine import metrics as metrics_lib
 from luckystar.engine import state as state_lib
+from luckystar.engine import streams
 from luckystar.engine.state import TrainState
 from luckystar.engine.step import MeshFunction
 
@@ -193,7 +194,7 @@ def _train(config, state, update_fn, batches, eval_fn, model_config, checkpoints
     item = next(batches)
     if prepare is None:
       return update_fn.put_batch(item), {}
-    batch, metrics = prepare(state, item, jax.random.fold_in(state_lib.step_rng(state), 1))
+    batch, metrics = prepare(state, item, jax.random.fold_in(state_lib.step_rng(state), streams.PREPARE))
     return update_fn.put_batch(batch), metrics
 
   executables = {}  # one compiled step per batch shape (RL batches come in a few length buckets)

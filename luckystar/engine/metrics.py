@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from luckystar import errors
+from luckystar import files
 from luckystar.engine import artifacts
 
 METRICS_FILE = 'metrics.jsonl'
@@ -34,11 +35,11 @@ def _rows(path: pathlib.Path, *, drop_torn_last: bool = False) -> list[tuple[str
   """(line, row) of each non-blank line of a metrics file. A line that is not a JSON object with an integer
   `step` is a UserError naming file:line; with `drop_torn_last`, a last such line (a write cut short by a
   crash or a full disk) is dropped with a warning instead."""
-  lines = [(number, line) for number, line in enumerate(path.read_text().split('\n'), 1) if line.strip()]
+  lines = list(files.json_lines(files.read_text(path, what='metrics file')))
   rows = []
   for number, line in lines:
     try:
-      row = json.loads(line)
+      row = json.loads(line)   # not files.loads: Writer writes NaN for an undefined metric
       if not isinstance(row, dict) or not isinstance(row.get('step'), int):
         raise ValueError('not a JSON object with an integer "step"')
     except ValueError as e:  # json.JSONDecodeError is one

@@ -5,8 +5,9 @@ from typing import Callable, Iterable, Sequence
 
 from luckystar import errors
 from luckystar.data import sources, suites
-from luckystar.data.examples import TASKS, Example
+from luckystar.data.examples import Example
 from luckystar.engine import rollouts
+from luckystar.tasks import TASKS
 from luckystar.tokenizer import Tokenizer
 
 
@@ -57,8 +58,8 @@ def from_sources(spec: str, *, key: str, split: str, seed: int, tokenizer: Token
       return [e for e in suites.load(name, split, seed=seed, tokenizer=tokenizer) if where is None or where(e)]
     if name in sources.prompt_names():
       return sources.prompts(name, seed=seed) if split == 'train' else []
-    raise errors.UserError(f'{key}: bundled:{name} is neither a task {TASKS} nor a registered prompt set '
-                           f'{sources.prompt_names()} (luckystar.data.sources)')
+    raise errors.UserError(f'{key}: bundled:{name} is neither a task {tuple(TASKS)} (luckystar.tasks) nor a '
+                           f'registered prompt set {sources.prompt_names()} (luckystar.data.sources)')
 
   chosen, reports = [], []
   for source in sources.parse(spec, key=key, formats=sources.PROMPT_FORMATS):

@@ -109,19 +109,9 @@ class TensorHeader(NamedTuple):
 
 
 def read_json_object(file: str | pathlib.Path, max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:
-  """The JSON object in `file` (config.json, the safetensors index), read within `luckystar.files`' bounds (a
-  regular file of at most `max_bytes`, nested at most files.MAX_JSON_DEPTH deep); anything else is an
-  InvalidFile naming it."""
-  text = files.read_text(file, max_bytes, pathlib.Path(file).name)
-  if (depth := files.json_depth(text)) > files.MAX_JSON_DEPTH:
-    raise errors.InvalidFile(f'{file}: not valid JSON (nested {depth} levels deep, at most {files.MAX_JSON_DEPTH})')
-  try:
-    value = json.loads(text)
-  except json.JSONDecodeError as e:   # worded as before files.loads existed: tests and users match on it
-    raise errors.InvalidFile(f'{file}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})') from None
-  if not isinstance(value, dict):
-    raise errors.InvalidFile(f'{file}: expected a JSON object, got a JSON {type(value).__name__}')
-  return value
+  """The JSON object in `file` (config.json, the safetensors index) within `luckystar.files`' bounds; anything else
+  is an InvalidFile naming it. `Infinity` and `NaN` are kept: transformers writes them with json.dumps."""
+  return files.read_json_object(file, max_bytes, pathlib.Path(file).name, finite=False)
 
 
 def is_hf_dir(path: str | pathlib.Path) -> bool:

@@ -185,7 +185,8 @@ def rating_cache_key(system_prompt: str, user_prompt: str, guided: bool) -> str:
 
 class JudgeError(Exception):
   """The backend produced no usable text (network, server or payload failure). `reason` is its key in
-  `Judge.failure_reasons`: one of FAILURE_REASONS."""
+  `Judge.failure_reasons`: timeout, connection, http_status, too_large, invalid_reply, not_a_verdict or
+  not_a_rating."""
 
   def __init__(self, message: str, reason: str = 'invalid_reply'):
     super().__init__(message)
@@ -194,10 +195,6 @@ class JudgeError(Exception):
 
 class _Retryable(JudgeError):
   """A failure that may pass: timeout, connection error, 429 or 5xx."""
-
-
-FAILURE_REASONS = ('timeout', 'connection', 'http_status', 'too_large', 'invalid_reply', 'not_a_verdict',
-                   'not_a_rating')
 
 
 def render_prompt(question: str, reference: str, candidate: str, criterion: str) -> str:
@@ -266,7 +263,7 @@ class Judge:
     self._cache: collections.OrderedDict[str, bool | int] = collections.OrderedDict()   # verdicts and ratings
     self._lock = threading.Lock()  # rollouts may judge from several threads
     self.cache_version = 0     # answers cached so far: a persisted cache is rewritten only when it moved
-    # Why verdicts and ratings failed (FAILURE_REASONS → count; they sum to stats.failures), the last message.
+    # Why verdicts and ratings failed (JudgeError.reason → count; they sum to stats.failures), the last message.
     self.failure_reasons: collections.Counter[str] = collections.Counter()
     self.last_failure: str | None = None
     # What makes two judges' verdicts interchangeable (backend, server and model, prompt digest): set by

@@ -6,22 +6,20 @@ math-verify runs on sympy, which hangs on `9**9**9**9`, eats memory on
 timeouts use `signal.alarm`, which works only on the main thread. So all
 parsing and comparison happens in a separate worker process:
 
-- The worker is a fresh interpreter (`python -P this_file`, started with
-  fork+exec by `subprocess`), never a `fork` of the trainer, whose JAX threads
-  would not survive it. It is not a `multiprocessing` spawn child either: that
-  would re-import the trainer's `__main__` and `luckystar` (jax: ~2 s, 170 MB)
-  at every restart. This file imports nothing but the standard library at the
-  top, so it doubles as the worker program, which imports only math-verify.
+- The worker is a `luckystar.workers.Worker`: a fresh interpreter
+  (`python -P`), never a fork of the trainer nor a re-import of it, that loads
+  this file alone (which imports nothing but the standard library at the top)
+  and then math-verify.
 - It is persistent: sympy is imported once, then requests flow over its
   stdin/stdout as length-prefixed JSON (no pickle in either direction).
-- A request that runs past `timeout_s` gets its worker terminated (then
-  killed); a fresh worker starts on the next one (~1 s of imports). The calling
-  process survives all of it. To save that restart when sympy is merely slow
+- A request that runs past `timeout_s` gets its worker killed; a fresh worker
+  starts on the next one (~1 s of imports). The calling process survives all
+  of it. To save that restart when sympy is merely slow
   in Python code, the worker first interrupts itself (SIGALRM, at
   `SOFT_TIMEOUT_FRACTION` of `timeout_s`); the kill is for hangs inside C
   (`9**9**9**9`), where no signal handler runs.
-- The worker caps its own address space (`RLIMIT_AS`, 3 GiB), ignores Ctrl-C
-  (the trainer decides when it ends) and dies with its parent (Linux
+- The worker's address space is capped (`RLIMIT_AS`, 3 GiB), it ignores
+  Ctrl-C (the trainer decides when it ends) and dies with its parent (Linux
   `PR_SET_PDEATHSIG`; elsewhere an idle worker still exits on stdin EOF).
 - Nothing in a prediction is ever passed to eval/exec by us. math-verify's
   plain-expression path hands sympy's `parse_expr` only strings its regex
@@ -119,18 +117,16 @@ import fractions
 import functools
 import json
 import logging
-import os
 import re
-import selectors
+import shlex
 import signal
-import struct
-import subprocess
 import sys
 import threading
 import time
 import unicodedata
-import weakref
-from typing import Sequence
+from typing import Callable, Sequence
+
+from luckystar import workers
 
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_MEMORY_LIMIT_BYTES = 3 << 30
@@ -142,8 +138,6 @@ MAX_INTEGER_DIGITS = 2 * MAX_PREDICTION_CHARS   # the worker's int<->str limit: 
 STARTUP_TIMEOUT_S = 60.0   # importing sympy is trusted work, but slow on a loaded machine
 GOLD_CACHE_SIZE = 65_536   # golds whose parse (worker) and parses-or-not (parent) are kept: a run's worth
 
-_FRAME_HEADER = struct.Struct('>I')   # payload length, then UTF-8 JSON
-_TERMINATE_GRACE_S = 0.5
 _LATEX_DELIMITERS = ('$', '\\boxed', '\\(', '\\[')
 _KOREAN_ANSWER_MARKER = re.compile(r'(?:최종\s*)?정?답\s*(?:은|는|:|：)')
 _ANSWER_MARKER = re.compile(r'(?:final\s+)?answer(?:\*\*)?\s*(?:is\b|:|：)', re.IGNORECASE)
@@ -229,10 +223,6 @@ class WorkerStartError(RuntimeError):
   """The math worker could not start: an environment problem, not a bad prediction."""
 
 
-class _WorkerGone(Exception):
-  """The worker died or closed its pipe mid-request."""
-
-
 class _SoftTimeout(BaseException):
   """Raised in the worker by SIGALRM; a BaseException so math-verify's `except Exception` lets it by."""
 
@@ -240,86 +230,24 @@ class _SoftTimeout(BaseException):
 # ---- parent side ---------------------------------------------------------------------------------
 
 
-def _stop(process: subprocess.Popen, owner_pid: int) -> None:
-  """Ends a worker for good: SIGTERM, then SIGKILL if it lingers. Safe on a worker already dead."""
-  if os.getpid() != owner_pid:
-    return   # a forked copy of the trainer exiting must not take the trainer's worker with it
-  for pipe in (process.stdin, process.stdout):
-    try:
-      pipe.close()
-    except OSError:
-      pass   # a dead worker's pipe may already be broken
-  for send_signal in (process.terminate, process.kill):
-    try:
-      send_signal()
-    except ProcessLookupError:
-      pass
-    try:
-      process.wait(timeout=_TERMINATE_GRACE_S)
-      return
-    except subprocess.TimeoutExpired:
-      continue
-  process.wait()   # after SIGKILL the kernel reaps promptly
-
-
-class _Worker:
-  """One worker process and its pipes; the parent never reads it without a deadline."""
-
-  def __init__(self, memory_limit_bytes: int, startup_timeout_s: float):
-    self.process = subprocess.Popen(
-        [sys.executable, '-P', os.path.abspath(__file__), '--worker',
-         f'--memory_limit_bytes={memory_limit_bytes}', f'--parent_pid={os.getpid()}'],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
-    # At exit or when the verifier is collected, whichever comes first; calling it again is a no-op.
-    self.stop = weakref.finalize(self, _stop, self.process, os.getpid())
-    try:
-      reply = self.receive(time.monotonic() + startup_timeout_s)
-    except (TimeoutError, _WorkerGone, ValueError) as e:
-      self.stop()
-      raise WorkerStartError(
-          f'the math-verify worker ({sys.executable} {__file__} --worker) did not start within '
-          f'{startup_timeout_s:.0f} s ({type(e).__name__}); its stderr is above. Run that command by hand '
-          'to see why.') from None
-    if 'error' in reply:
-      self.stop()
-      raise WorkerStartError(f'the math-verify worker failed to start: {reply["error"]}. '
-                             f'Install it for this interpreter: {sys.executable} -m pip install math-verify')
-
-  @property
-  def pid(self) -> int:
-    return self.process.pid
-
-  def alive(self) -> bool:
-    return self.stop.alive and self.process.poll() is None
-
-  def send(self, message: dict) -> None:
-    payload = json.dumps(message).encode()   # ensure_ascii: lone surrogates travel as \ud800 escapes
-    frame = memoryview(_FRAME_HEADER.pack(len(payload)) + payload)
-    try:
-      while frame:   # a raw pipe write may be partial
-        frame = frame[self.process.stdin.write(frame):]
-    except (BrokenPipeError, ConnectionError, ValueError) as e:
-      raise _WorkerGone() from e
-
-  def receive(self, deadline: float) -> dict:
-    header = self._read_exactly(_FRAME_HEADER.size, deadline)
-    (length,) = _FRAME_HEADER.unpack(header)
-    return json.loads(self._read_exactly(length, deadline))
-
-  def _read_exactly(self, size: int, deadline: float) -> bytes:
-    chunks, received = [], 0
-    with selectors.DefaultSelector() as selector:
-      selector.register(self.process.stdout, selectors.EVENT_READ)
-      while received < size:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or not selector.select(remaining):
-          raise TimeoutError()
-        chunk = os.read(self.process.stdout.fileno(), size - received)
-        if not chunk:
-          raise _WorkerGone()
-        chunks.append(chunk)
-        received += len(chunk)
-    return b''.join(chunks)
+def _start_worker(memory_limit_bytes: int, startup_timeout_s: float) -> workers.Worker:
+  """A worker that has imported math-verify, or WorkerStartError."""
+  worker = workers.Worker(__file__, '_worker_setup', flags=('-P',), limits={'RLIMIT_AS': memory_limit_bytes},
+                          die_with_parent=True)
+  try:
+    ready, why = worker.wait_until_ready(time.monotonic() + startup_timeout_s), 'timed out'
+  except workers.SetupFailed as e:
+    worker.kill()
+    raise WorkerStartError(f'the math-verify worker failed to start: {e}. '
+                           f'Install it for this interpreter: {sys.executable} -m pip install math-verify') from None
+  except workers.WorkerDied:
+    ready, why = False, 'it exited'
+  if not ready:
+    worker.kill()
+    raise WorkerStartError(
+        f'the math-verify worker ({shlex.join(worker.command)}) did not start within {startup_timeout_s:.0f} s '
+        f'({why}); its stderr is above. Run that command by hand to see why.')
+  return worker
 
 
 class MathVerifier:
@@ -342,7 +270,7 @@ class MathVerifier:
     self.startup_timeout_s = startup_timeout_s
     self.stats = collections.Counter()
     self._gold_parses: collections.OrderedDict[str, bool] = collections.OrderedDict()   # an LRU
-    self._worker: _Worker | None = None
+    self._worker: workers.Worker | None = None
     self._lock = threading.Lock()
 
   def __enter__(self) -> 'MathVerifier':
@@ -417,15 +345,15 @@ class MathVerifier:
     """(the worker's reply, None), or (None, why it failed: 'timeout', 'crash' or 'worker_error')."""
     if self._worker is None or not self._worker.alive():   # lazily, also after an idle worker died
       self._discard_worker()
-      self._worker = _Worker(self.memory_limit_bytes, self.startup_timeout_s)
+      self._worker = _start_worker(self.memory_limit_bytes, self.startup_timeout_s)
       self.stats['worker_starts'] += 1
-    try:
-      self._worker.send(dict(message, soft_timeout_s=timeout_s * SOFT_TIMEOUT_FRACTION))
-      reply = self._worker.receive(time.monotonic() + timeout_s)
+    request = json.dumps(dict(message, soft_timeout_s=timeout_s * SOFT_TIMEOUT_FRACTION)).encode()
+    try:   # json.dumps escapes to ASCII: lone surrogates travel as \ud800 escapes
+      reply = json.loads(self._worker.ask(request, time.monotonic() + timeout_s))
     except TimeoutError:
       self._discard_worker()
       return None, 'timeout'
-    except (_WorkerGone, ValueError) as e:   # ValueError: a garbled frame from a dying worker
+    except (workers.WorkerDied, ValueError) as e:   # ValueError: a garbled frame from a dying worker
       code = self._worker.process.poll()
       logger.warning('math-verify worker crashed (exit code %s, %s); restarting it', code, type(e).__name__)
       self._discard_worker()
@@ -439,7 +367,7 @@ class MathVerifier:
 
   def _discard_worker(self) -> None:
     if self._worker is not None:
-      self._worker.stop()
+      self._worker.kill()
       self._worker = None
 
 
@@ -476,39 +404,7 @@ def close() -> None:
 atexit.register(close)
 
 
-# ---- worker side (runs as `python -P math.py --worker`) -------------------------------------------
-
-
-def _read_frame(stream) -> dict | None:
-  # Plain json.loads, not luckystar.files.loads: the parent writes these frames (a flat dict of strings,
-  # numbers and bools; a prediction or gold is a JSON string, never nested or parsed as a number), and the
-  # worker imports nothing of luckystar.
-  header = stream.read(_FRAME_HEADER.size)
-  if len(header) < _FRAME_HEADER.size:
-    return None   # the parent closed our stdin: time to go
-  (length,) = _FRAME_HEADER.unpack(header)
-  return json.loads(stream.read(length))
-
-
-def _write_frame(stream, message: dict) -> None:
-  payload = json.dumps(message).encode()
-  stream.write(_FRAME_HEADER.pack(len(payload)) + payload)
-  stream.flush()
-
-
-def _die_with_parent(parent_pid: int) -> None:
-  """Asks Linux to SIGKILL us when the parent dies, so a hung worker cannot outlive the trainer.
-
-  Linux means the parent *thread*: a worker started from a thread that later
-  ends dies with it, and the next call starts a fresh one.
-  """
-  try:
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # 1 = PR_SET_PDEATHSIG
-  except (OSError, AttributeError):
-    pass   # not Linux: an idle worker still exits on stdin EOF
-  if os.getppid() != parent_pid:
-    os._exit(0)   # the parent died before prctl took effect
+# ---- worker side (runs in the child `luckystar.workers` starts) ------------------------------------
 
 
 def _is_prose(bare_gold: str) -> bool:
@@ -724,45 +620,19 @@ def _answer(math_verify, extraction_config, parse_gold, request: dict) -> dict:
     return {'error': type(e).__name__}
 
 
-def _serve(memory_limit_bytes: int, parent_pid: int) -> None:
-  import resource
-  resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
+def _worker_setup() -> Callable[[bytes], bytes]:
+  """In the worker: sympy's integer limit, the soft-timeout alarm and math-verify; returns what answers a request."""
   # Python converts at most 4,300 digits between int and str; sympy then fails on a long gold such as a
   # 5,001-digit integer. Predictions are shorter than MAX_PREDICTION_CHARS, so twice that stays cheap.
   if hasattr(sys, 'set_int_max_str_digits'):
     sys.set_int_max_str_digits(MAX_INTEGER_DIGITS)
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
   signal.signal(signal.SIGALRM, _raise_soft_timeout)
-  _die_with_parent(parent_pid)
-  # The protocol owns the real stdout; anything a library prints goes to stderr instead.
-  protocol_out = os.fdopen(os.dup(1), 'wb')
-  os.dup2(2, 1)
-  sys.stdout = sys.stderr
-  protocol_in = sys.stdin.buffer
-  try:
-    import math_verify
-  except Exception as e:   # e.g. not installed: tell the parent, which raises WorkerStartError
-    _write_frame(protocol_out, {'error': f'{type(e).__name__}: {e}'})
-    return
+  import math_verify  # pylint: disable=import-outside-toplevel  # not installed: the parent raises WorkerStartError
   logging.getLogger('math_verify').setLevel(logging.ERROR)   # "timeout is disabled" is on purpose
   extraction_config = (math_verify.LatexExtractionConfig(), math_verify.ExprExtractionConfig())
   # A gold is parsed once, for its check and for every prediction after it (math-verify does not mutate it).
   parse_gold = functools.lru_cache(maxsize=GOLD_CACHE_SIZE)(
       functools.partial(_parse_gold, math_verify, extraction_config))
-  _write_frame(protocol_out, {'ready': True})
-  while (request := _read_frame(protocol_in)) is not None:
-    _write_frame(protocol_out, _answer(math_verify, extraction_config, parse_gold, request))
-
-
-def _main(argv: list[str]) -> None:
-  import argparse
-  parser = argparse.ArgumentParser(description='math-verify worker; started by luckystar.rewards.math')
-  parser.add_argument('--worker', action='store_true', required=True)
-  parser.add_argument('--memory_limit_bytes', type=int, default=DEFAULT_MEMORY_LIMIT_BYTES)
-  parser.add_argument('--parent_pid', type=int, default=os.getppid())
-  args = parser.parse_args(argv)
-  _serve(args.memory_limit_bytes, args.parent_pid)
-
-
-if __name__ == '__main__':
-  _main(sys.argv[1:])
+  # Plain json.loads, not luckystar.files.loads: the parent writes these frames (a flat dict of strings,
+  # numbers and bools; a prediction or gold is a JSON string, never nested or parsed as a number).
+  return lambda frame: json.dumps(_answer(math_verify, extraction_config, parse_gold, json.loads(frame))).encode()

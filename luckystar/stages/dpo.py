@@ -24,34 +24,16 @@ starting policy's own verified-correct replies y_a instead of a pair and add anc
 (−log π(y_a) / |y_a|) and no preference term: on samples of the reference that is, up to a constant,
 a Monte Carlo estimate of KL(π_ref ‖ π) on those prompts (restricted to its correct replies), a
 regulariser that needs no reference model in memory. It keeps the other mode where it was while the
-pairs move this one (experiments/sweeps/dpo_anchors.md). Each term is a mean over rows (pairs and anchors), so the loss is
-Σ over rows / rows and gradient accumulation stays exact (`step.accumulate_gradients`, denominator
-'pairs'). Only response tokens count (`loss_mask`, as `Tokenizer.render` and the sampler lay it out):
-prompt and tool-result tokens have weight 0 in every log-prob here.
+pairs move this one (experiments/sweeps/dpo_anchors.md). Each term is a mean over rows (pairs and
+anchors), so the loss is Σ over rows / rows and gradient accumulation stays exact
+(`step.accumulate_gradients`, denominator 'pairs'). Only response tokens count (`loss_mask`, as
+`Tokenizer.render` and the sampler lay it out): prompt and tool-result tokens have weight 0 in every
+log-prob here.
 
 The stage (`run`):
-  1. Pairs (`build_pairs`): `pair_prompts` seeded train prompts of `config.dpo.tasks` (math up to
-     `math_max_difficulty`: short math) are sampled `samples_per_prompt` times by the starting policy
-     in each of `config.dpo.modes` (default concise) at `config.sampling`, the policy's normal settings.
-     chosen = a direct correct answer (`config.dpo.chosen='direct'`, `direct_response`: the answer
-     alone, '를 정답: C' rather than the filled-in sentence and then the letter; 'reference': the example's
-     reference reply), rendered in that mode (`conversations.render_example`), kept only if the task's
-     verifier scores it correct and in the prompt's language. rejected = one
-     of the policy's own samples: kind 'language' when its response is in the wrong language
-     (`Verdict.language_mismatch`), else kind 'concise' (concise mode only) when its reply is at least
-     `verbose_min_ratio` × and `verbose_min_extra` tokens longer than the chosen one. At most
-     `pairs_per_prompt` pairs per prompt, mode and kind: the first qualifying samples, correct ones
-     first (such a pair differs in length, not in the answer). Written to
-     `workdir/dpo_pairs.jsonl` (one pair per line with its provenance: example id, task, language,
-     kind, mode, policy, sampling settings, sample index, lengths, whether the rejected reply was
-     correct, its stop reason and text) and `workdir/dpo_pairs.json` (the config fingerprint and
-     counts; written last). A re-run reuses them; a changed config fingerprint is an error.
-     `config.dpo.sources` reads preference data instead (`luckystar.data.sources`: TRL's preference_jsonl, or
-     dpo_pairs files this stage wrote elsewhere), mixed by their weights. Anchors: `pair_prompts` train
-     prompts of `config.dpo.anchor_tasks` are sampled the same way in each of `config.dpo.anchor_modes`
-     (default reasoning), and each prompt's first sample that is correct, in the prompt's language and
-     finished becomes an anchor row. Sampling runs the tool loop (`max_tool_turns`): reasoning mode
-     calls the calculator.
+  1. Pairs (`engine.pairs`, its docstring says how they are made): preference pairs and anchor rows sampled
+     from the starting policy in `workdir/dpo_pairs.jsonl`, reused on a re-run; or the preference data of
+     `config.dpo.sources`.
   2. Reference log-probs (`reference_logps`): summed response log-probs of every pair under the
      starting params, computed once before training and kept in `workdir/dpo_reference.npy` under a
      fingerprint of the params (every leaf's bytes), the model config and the pairs' tokens and masks;
@@ -68,8 +50,6 @@ anchor [B] int (1: an anchor row, its reply in both halves) and reference_logps 
 pair in one row keeps it together when `accumulate_gradients` splits rows into micro-batches.
 """
 
-import collections
-import dataclasses
 import functools
 import hashlib
 import io
@@ -77,7 +57,6 @@ import json
 import pathlib
 from typing import Any, Callable, Mapping, Sequence
 
-from absl import logging
 import grain
 import jax
 import jax.numpy as jnp
@@ -86,31 +65,19 @@ import tqdm
 
 from luckystar import distributed
 from luckystar import errors
-from luckystar import files
 from luckystar import model
-from luckystar.data import conversations, pipeline, sources
-from luckystar.data.examples import Example
-from luckystar.engine import artifacts, evals, logprobs, loop, optim, prompts, rollouts
+from luckystar.data import pipeline
+from luckystar.engine import artifacts, evals, logprobs, loop, optim
+from luckystar.engine import pairs as pairs_lib
 from luckystar.engine import state as state_lib
 from luckystar.engine import step as step_lib
+from luckystar.engine.pairs import ANCHOR, SIDES
 from luckystar.model import sharding
-from luckystar.rewards import choice
-from luckystar.rewards import reward as reward_lib
-from luckystar.rewards import terms
-from luckystar.tokenizer import Tokenizer
 
 LOSS_TYPES = ('sigmoid', 'robust', 'ipo', 'hinge')
-CHOSEN_STYLES = ('direct', 'reference')
-DIRECT_TASKS = ('korean_mc', 'chat', 'math')
-DIRECT_FORMAT = 2                     # direct_response's format: 1 the MC letter alone, 2 the option then the letter
-PAIRS_FILE = 'dpo_pairs.jsonl'
-PAIRS_SUMMARY = 'dpo_pairs.json'      # fingerprint and counts; written last: the pairs are complete
 REFERENCE_FILE = 'dpo_reference.npy'  # [pairs, 2] float32
 REFERENCE_RECORD = 'dpo_reference.json'  # its fingerprint
 FEATURES = ('tokens', 'loss_mask')
-SIDES = ('chosen', 'rejected')
-ANCHOR = 'anchor'                     # the kind of a row that holds one of the policy's own replies twice
-ANCHOR_STREAM = 1000                  # anchor sampling's RNG stream: fold_in(key(seed), ANCHOR_STREAM + mode index)
 # What the run shows (`loop.run_training`): how often the chosen reply wins and by how much as it trains;
 # concise replies' length, correctness and language, and reasoning correctness, before → after.
 PROGRESS_KEYS = ('train/rewards/accuracies', 'train/rewards/margins')
@@ -284,267 +251,6 @@ def training_batches(pairs: Sequence[Mapping[str, Any]], reference: np.ndarray, 
               .to_iter_dataset(pipeline.ON_DEMAND))
 
 
-# ---- pairs --------------------------------------------------------------------------------------------
-
-
-def pair_prompts(settings: Any, tokenizer: Tokenizer, *, seed: int, tasks: Sequence[str] | None = None,
-                 modes: Sequence[str] | None = None) -> list[Example]:
-  """`settings.pair_prompts` seeded train prompts of `tasks` (default `settings.tasks`; math up to
-  `settings.math_max_difficulty`) whose prompt fits `settings.max_prompt_tokens` in every one of `modes`
-  (default `settings.modes`)."""
-  modes = settings.modes if modes is None else modes
-  pool = prompts.prompt_set(settings.tasks if tasks is None else tasks, 'train', seed=seed, tokenizer=tokenizer,
-                            where=lambda e: e.task != 'math' or e.difficulty <= settings.math_max_difficulty,
-                            max_prompt_tokens=settings.max_prompt_tokens, modes=modes)
-  order = np.random.default_rng([seed, 31]).permutation(len(pool))[:settings.pair_prompts]
-  return [pool[i] for i in sorted(order)]
-
-
-def direct_response(example: Example) -> str:
-  """The answer alone, in the prompt's language: 'chosen = a direct correct answer' (paper §2.5). For
-  multiple choice, the chosen option's text and its letter without the filled-in sentence ('를 정답: C';
-  the letter alone where the example does not list its options), the short reference of a chat question
-  or the final answer of a math problem ('Berlin.', '베를린입니다.', '34.', '34입니다.').
-
-  The option's text stays because the small policy finds the letter through it (experiments/sweeps/dpo_anchors.md)."""
-  if example.task == 'korean_mc':
-    options = example.meta.get('options')
-    if options is None:
-      return f'정답: {example.answer}'
-    return f'{options[choice.option_letters(len(options)).index(example.answer)]} 정답: {example.answer}'
-  if example.task in DIRECT_TASKS:  # chat, math
-    return f'{example.answer}입니다.' if example.language == 'ko' else f'{example.answer}.'
-  raise errors.UserError(f"config.dpo.chosen='direct' has no direct answer for task {example.task!r}; "
-                         f"use tasks from {DIRECT_TASKS} or config.dpo.chosen='reference'")
-
-
-def chosen_reply(tokenizer: Tokenizer, example: Example, mode: str, style: str = 'direct') -> dict[str, Any] | None:
-  """The chosen reply rendered in `mode` ({'tokens', 'loss_mask', 'text'}): the example's reference reply
-  ('reference') or its answer alone (`direct_response`, 'direct'), with the reference thinking in
-  reasoning mode; None when the task's verifier does not score its response correct and in the
-  prompt's language."""
-  if style not in CHOSEN_STYLES:
-    raise errors.UserError(f'config.dpo.chosen={style!r}; expected one of {CHOSEN_STYLES}')
-  if style == 'direct':
-    example = dataclasses.replace(example, response=direct_response(example))
-  rendered = conversations.render_example(tokenizer, example, mode)
-  prompt_length = len(rollouts.render_prompt(tokenizer, example, mode))
-  turn = tokenizer.parse_assistant(rendered['tokens'][prompt_length:].tolist())
-  verdict = reward_lib.score(example, turn)
-  if not verdict.correct or verdict.language_mismatch:
-    return None
-  return {**rendered, 'text': turn.response}
-
-
-def pair_kind(mode: str, chosen_length: int, scored: rollouts.Scored, settings: Any) -> str | None:
-  """Which pair a sample makes against the chosen reply of `chosen_length` response tokens: 'language'
-  (its response is in the wrong language), 'concise' (concise mode, and at least `verbose_min_ratio`
-  × and `verbose_min_extra` tokens longer), or None."""
-  if scored.verdict.language_mismatch:
-    return 'language'
-  length = int(scored.rollout.loss_mask.sum())
-  if mode == 'concise' and length >= max(settings.verbose_min_ratio * chosen_length,
-                                         chosen_length + settings.verbose_min_extra):
-    return 'concise'
-  return None
-
-
-def pairs_fingerprint(config, tokenizer: Tokenizer) -> dict[str, Any]:
-  """What the built pairs depend on; pairs built under another fingerprint are stale."""
-  settings = config.dpo
-  return {
-      'init_from': config.init_from, 'tokenizer': tokenizer.fingerprint, 'seed': config.seed,
-      'sampling': dict(config.sampling),
-      'direct_format': DIRECT_FORMAT,
-      **({'model_overrides': dict(config.model_overrides)} if config.model_overrides else {}),  # another policy
-      **{key: settings[key] for key in ('chosen', 'tasks', 'modes', 'anchor_modes', 'anchor_tasks',
-                                        'math_max_difficulty', 'max_prompt_tokens', 'pair_prompts',
-                                        'samples_per_prompt', 'pairs_per_prompt', 'verbose_min_ratio',
-                                        'verbose_min_extra', 'max_tool_turns', 'max_tool_result_tokens',
-                                        'sampling_batch')}}
-
-
-def record(config, example: Example, *, kind: str, mode: str, index: int, prompt: Sequence[int],
-           scored: rollouts.Scored, chosen: Mapping[str, Any] | None, tokenizer: Tokenizer) -> dict[str, Any]:
-  """One row of the pair file with its provenance: the `chosen` reply ({tokens, loss_mask, length,
-  text}) against the sample `scored`, or for an anchor row (chosen None) the sample twice."""
-  rollout = scored.rollout
-  sample = {'tokens': [*prompt, *rollout.token_ids.tolist()],
-            'loss_mask': [0] * len(prompt) + rollout.loss_mask.tolist(), 'length': int(rollout.loss_mask.sum()),
-            'text': tokenizer.decode(rollout.token_ids[rollout.loss_mask > 0])}
-  chosen = sample if chosen is None else chosen
-  return {
-      'example_id': example.id, 'task': example.task, 'language': example.language, 'kind': kind, 'mode': mode,
-      'policy': config.init_from, 'tokenizer': tokenizer.fingerprint, 'sampling': dict(config.sampling),
-      'sample_index': index,
-      'prompt_length': len(prompt), 'chosen_length': chosen['length'], 'rejected_length': sample['length'],
-      'rejected_correct': scored.verdict.correct, 'rejected_stop_reason': rollout.stop_reason,
-      'chosen_text': chosen['text'], 'rejected_text': sample['text'],
-      'chosen_tokens': list(chosen['tokens']), 'chosen_loss_mask': list(chosen['loss_mask']),
-      'rejected_tokens': sample['tokens'], 'rejected_loss_mask': sample['loss_mask']}
-
-
-def sampled(config, model_config: model.ModelConfig, params: Any, tokenizer: Tokenizer, examples: Sequence[Example],
-            mode: str, rng: jax.Array, desc: str):
-  """(example, prompt, [samples_per_prompt scored rollouts]) for each of `examples` in `mode`, sampled by
-  the policy `params` at `config.sampling` with the tool loop, `config.dpo.sampling_batch` rows a call."""
-  settings = config.dpo
-  return rollouts.sample_groups(
-      model_config, params, tokenizer, examples, rng, batch_rows=settings.sampling_batch,
-      samples_per_prompt=settings.samples_per_prompt, mode=mode, desc=desc, sampling_settings=config.sampling,
-      max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
-      reward=terms.correctness(config.sampling.max_new_tokens))
-
-
-def build_pairs(config, model_config: model.ModelConfig, params: Any, tokenizer: Tokenizer,
-                examples: Sequence[Example], anchor_examples: Sequence[Example] = ()
-                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-  """(pair records, counts) from samples of the policy `params` (module docstring, step 1): preference
-  pairs on `examples`, anchor rows on `anchor_examples`."""
-  settings = config.dpo
-  pairs, counts = [], collections.Counter()
-  rng = jax.random.key(config.seed)
-  for mode_index, mode in enumerate(settings.modes):
-    chosen = {e.id: chosen_reply(tokenizer, e, mode, settings.chosen) for e in examples}
-    counts[f'{mode}/chosen_unverified'] += sum(c is None for c in chosen.values())
-    usable = [e for e in examples if chosen[e.id] is not None]
-    for example, prompt, group in sampled(config, model_config, params, tokenizer, usable, mode,
-                                          jax.random.fold_in(rng, mode_index), f'DPO pairs ({mode})'):
-      counts[f'{mode}/samples'] += len(group)
-      reply = chosen[example.id]
-      if reply['tokens'][:len(prompt)].tolist() != prompt:  # one chat template for both replies
-        raise ValueError(f'example {example.id}: the rendered reference reply does not start with its prompt')
-      reply = {'tokens': reply['tokens'].tolist(), 'loss_mask': reply['loss_mask'].tolist(),
-               'length': int(reply['loss_mask'].sum()), 'text': reply['text']}
-      made = collections.Counter()
-      # A correct verbose reply first: then the pair differs in length and not in the answer.
-      for index in sorted(range(len(group)), key=lambda i: not group[i].verdict.correct):
-        kind = pair_kind(mode, reply['length'], group[index], settings)
-        if kind is None or made[kind] >= settings.pairs_per_prompt:
-          continue
-        made[kind] += 1
-        counts[f'{mode}/{kind}'] += 1
-        pairs.append(record(config, example, kind=kind, mode=mode, index=index, prompt=prompt, scored=group[index],
-                            chosen=reply, tokenizer=tokenizer))
-  for mode_index, mode in enumerate(settings.anchor_modes):
-    for example, prompt, group in sampled(config, model_config, params, tokenizer, anchor_examples, mode,
-                                          jax.random.fold_in(rng, ANCHOR_STREAM + mode_index), f'DPO anchors ({mode})'):
-      counts[f'{mode}/anchor_samples'] += len(group)
-      # The first correct, finished reply in the prompt's language.
-      index = next((i for i, s in enumerate(group) if s.verdict.correct and not s.verdict.language_mismatch
-                    and s.rollout.finished), None)
-      if index is not None:
-        counts[f'{mode}/{ANCHOR}'] += 1
-        pairs.append(record(config, example, kind=ANCHOR, mode=mode, index=index, prompt=prompt, scored=group[index],
-                            chosen=None, tokenizer=tokenizer))
-  return pairs, summarize_pairs(pairs, counts, len(examples))
-
-
-def summarize_pairs(pairs: Sequence[Mapping[str, Any]], counts: Mapping[str, int], prompts: int) -> dict[str, Any]:
-  """Counts per kind, task and language, mean lengths, and how often the rejected reply was correct;
-  'all' counts the preference pairs (anchor rows are kind 'anchor')."""
-  groups = collections.defaultdict(list)
-  for pair in pairs:
-    keys = [pair['kind'], f'{pair["kind"]}/{pair["task"]}/{pair["language"]}'] + ['all'] * (pair['kind'] != ANCHOR)
-    for key in keys:
-      groups[key].append(pair)
-  return {'prompts': prompts, 'sampling': dict(counts), 'pairs': {key: {
-      'pairs': len(members),
-      'chosen_length': evals.mean(p['chosen_length'] for p in members),
-      'rejected_length': evals.mean(p['rejected_length'] for p in members),
-      'rejected_correct': evals.mean(bool(p['rejected_correct']) for p in members)}
-      for key, members in sorted(groups.items())}}
-
-
-def read_pairs(path: pathlib.Path, tokenizer: Tokenizer) -> list[dict[str, Any]]:
-  """A pair file (one JSON object per line with chosen_/rejected_ tokens and loss_mask); a malformed
-  line, or one of another tokenizer (its `tokenizer` fingerprint, `Tokenizer.made`), is a UserError
-  naming file:line."""
-  try:
-    text = files.read_text(path, what='DPO pair file')
-  except errors.MissingFile:
-    raise errors.MissingFile(f'{path}: no such DPO pair file ({SOURCES_KEY}); set it to "" to build '
-                             'pairs from the policy') from None
-  pairs = []
-  for number, line in enumerate(text.split('\n'), start=1):   # not splitlines(): U+2028 may sit inside a string
-    if not line.strip():
-      continue
-    record = files.loads(line, f'{path}:{number}')
-    try:
-      for side in SIDES:
-        tokens, mask = record[f'{side}_tokens'], record[f'{side}_loss_mask']
-        if (not isinstance(tokens, list) or not isinstance(mask, list) or len(tokens) != len(mask) or len(tokens) < 2
-            or not all(type(t) is int and t >= 0 for t in tokens) or not all(m in (0, 1) for m in mask)
-            or not any(mask[1:])):
-          raise ValueError(f'{side}_tokens must be token ids and {side}_loss_mask as many 0/1 values with a 1 '
-                           'after the first token')
-        if max(tokens) >= tokenizer.vocab_size:
-          raise ValueError(f'{side}_tokens holds ids at or above the tokenizer\'s {tokenizer.vocab_size}')
-      if not tokenizer.made(record.get('tokenizer')):
-        raise ValueError(f'its tokens are of tokenizer {record.get("tokenizer")}, not of config.init_from\'s '
-                         f'({tokenizer.fingerprint}); build the pairs again with this tokenizer')
-    except (ValueError, KeyError, TypeError) as e:  # json.JSONDecodeError is a ValueError
-      reason = f'missing field {e}' if isinstance(e, KeyError) else str(e)
-      raise errors.UserError(f'{path}:{number}: not a DPO pair ({reason}); expected a line of '
-                             f'{PAIRS_FILE} as the dpo stage writes it') from None
-    pairs.append(record)
-  if not pairs:
-    raise errors.UserError(f'{path}: no DPO pairs in this file')
-  return pairs
-
-
-SOURCES_KEY = 'config.dpo.sources'
-
-
-def read_sources(config, tokenizer: Tokenizer) -> tuple[list[dict[str, Any]], list[sources.Report]]:
-  """The pairs of `config.dpo.sources` (TRL preference files, or pair files this stage wrote), each tagged
-  with its `source`, and a report per source; every record checked before the first step."""
-  pairs, reports = [], []
-  for source in sources.parse(config.dpo.sources, key=SOURCES_KEY, formats=sources.PREFERENCE_FORMATS):
-    if source.format == 'dpo_pairs':
-      read = read_pairs(source.path, tokenizer)
-      report = sources.Report(source.label, kept=len(read), digest=sources.digest(source),
-                              questions=[p['question'] for p in read if p.get('question')])
-    else:
-      read, report = sources.preference_pairs(source, tokenizer)
-    if not read:
-      raise errors.UserError(f'{source.location}: no preference pairs ({SOURCES_KEY}, {source.format})')
-    pairs += [{**pair, 'source': source.label} for pair in read]
-    reports.append(report)
-  return pairs, reports
-
-
-def load_or_build_pairs(config, workdir: pathlib.Path, model_config: model.ModelConfig, params: Any,
-                        tokenizer: Tokenizer) -> list[dict[str, Any]]:
-  """The pairs of `config.dpo.sources` if set; else the workdir's pairs (`artifacts.load_or_build` under
-  `pairs_fingerprint`), built now on the first run."""
-  if config.dpo.get('sources'):
-    pairs, reports = read_sources(config, tokenizer)
-    eval_settings = evals.Settings.from_config(config.dpo.task_eval)
-    evaluated = [e.prompt for e in evals.select(eval_settings, tokenizer)] if eval_settings.per_task_language else []
-    artifacts.write_data_report(workdir, reports, train=[q for r in reports for q in r.questions], evaluated=evaluated)
-    return pairs
-  built = []
-
-  def build():
-    examples = pair_prompts(config.dpo, tokenizer, seed=config.seed)
-    anchor_examples = (pair_prompts(config.dpo, tokenizer, seed=config.seed, tasks=config.dpo.anchor_tasks,
-                                    modes=config.dpo.anchor_modes) if config.dpo.anchor_modes else [])
-    pairs, summary = build_pairs(config, model_config, params, tokenizer, examples, anchor_examples)
-    if not pairs:
-      raise errors.UserError(
-          f'no DPO pair from {len(examples)} prompts × {config.dpo.samples_per_prompt} samples of '
-          f'{config.init_from!r} ({summary["sampling"]}); sample more (config.dpo.pair_prompts, samples_per_prompt) '
-          'or loosen config.dpo.verbose_min_ratio / verbose_min_extra')
-    logging.info('DPO pairs: built %d from %d prompts → %s: %s', len(pairs), len(examples), workdir / PAIRS_FILE,
-                 {k: v['pairs'] for k, v in summary['pairs'].items() if '/' not in k})
-    built.extend(pairs)
-    return summary, {PAIRS_FILE: ''.join(json.dumps(p, ensure_ascii=False) + '\n' for p in pairs)}
-
-  artifacts.load_or_build(workdir, PAIRS_SUMMARY, pairs_fingerprint(config, tokenizer), build, what='DPO pairs')
-  return built or read_pairs(workdir / PAIRS_FILE, tokenizer)
-
-
 # ---- reference log-probs -------------------------------------------------------------------------------
 
 
@@ -639,10 +345,10 @@ def run(config, workdir: str) -> None:
 
   # The starting params, before a resumed run restores its checkpoint: the policy that samples and the reference.
   with sharding.activate(mesh):   # pair sampling's rollouts split over the mesh
-    pairs = load_or_build_pairs(config, workdir, model_config, state.params, tokenizer)
+    pairs = pairs_lib.load_or_build_pairs(config, workdir, model_config, state.params, tokenizer)
   reference = reference_logps(workdir, model_config, state.params, pairs, mesh=mesh,
                               batch_size=settings.reference_batch_size, length_multiple=settings.length_multiple)
-  weights = (sources.weights(sources.parse(settings.sources, key=SOURCES_KEY)) if settings.get('sources') else None)
+  weights = pairs_lib.source_weights(settings)
   eval_settings = evals.Settings.from_config(settings.task_eval)
 
   def eval_fn(params, step):

@@ -45,6 +45,7 @@ import tqdm
 
 from luckystar import distributed
 from luckystar import errors
+from luckystar import tasks as task_registry
 from luckystar import tokenizer as tokenizer_lib
 from luckystar.data import benchmarks, bfcl, champ, instruction_following, sources
 from luckystar.data.examples import Example
@@ -55,27 +56,49 @@ from luckystar.model import sharding
 from luckystar.rewards import reward
 
 BENCHMARKS = benchmarks.MATH_SETS   # the paper's public math sets
-SUITES = ('math', 'champ', 'nl2sql', 'bfcl', 'korean_mc', 'chat', 'instruction_following', *BENCHMARKS, 'mtbench')
-PASS_K_SUITES = ('math', 'champ')
-HEADLINE = {'math': 'pass@1', 'champ': 'pass@1', 'nl2sql': 'execution accuracy', 'bfcl': 'AST match',
-            'korean_mc': 'accuracy', 'chat': 'correctness', 'instruction_following': 'instructions followed',
+# The suites of data from outside the task registry; each registered task with a `headline` is a suite as well
+# (its held-out split, `luckystar.tasks`), with its headline and pass@k there.
+OTHER_SUITES = ('champ', 'bfcl', 'instruction_following', *BENCHMARKS, 'mtbench')
+OTHER_PASS_K = ('champ',)
+HEADLINE = {'champ': 'pass@1', 'bfcl': 'AST match', 'instruction_following': 'instructions followed',
             **{name: 'pass@1' for name in BENCHMARKS}, 'mtbench': 'judge score (1–10)'}
 NO_LANGUAGE_FIGURE = ('instruction_following', 'mtbench')  # the other language on purpose; English only
 SOURCE_HEADLINE = {'math_jsonl': 'pass@1', 'spider': 'execution accuracy', 'bird': 'execution accuracy',
                    'bfcl': 'AST match', 'kobalt_jsonl': 'accuracy'}
 
 
+def suite_names() -> tuple[str, ...]:
+  """Every suite `config.eval.suites` may name: the registered tasks' (in registry order), then OTHER_SUITES."""
+  return (*task_registry.eval_suites(), *OTHER_SUITES)
+
+
+def _task(suite: str) -> task_registry.Task | None:
+  """The registered task whose held-out split is `suite`, or None."""
+  return task_registry.TASKS.get(suite) if suite in task_registry.eval_suites() else None
+
+
+def _named_headline(suite: str) -> str | None:
+  task = _task(suite)
+  return HEADLINE.get(suite) or (task.headline if task else None)
+
+
 def headline(suite: str) -> str:
   """The figure a suite reports: a built-in suite's, or for a source's suite (`format:name`) its format's."""
   form, _, name = suite.partition(':')
-  return HEADLINE.get(suite) or SOURCE_HEADLINE.get(form) or HEADLINE.get(name, 'correctness')
+  return _named_headline(suite) or SOURCE_HEADLINE.get(form) or _named_headline(name) or 'correctness'
+
+
+def has_pass_k(suite: str) -> bool:
+  """Whether the reasoning mode of `suite` also samples pass@k: champ, a task marked so, any math_jsonl file."""
+  task = _task(suite)
+  return suite in OTHER_PASS_K or bool(task and task.pass_k) or suite.startswith('math_jsonl:')
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """`config.eval` (configs/eval.py documents each key)."""
-  suites: Sequence[str] = SUITES
-  modes: Sequence[str] = evals.MODES
+  suites: Sequence[str] = dataclasses.field(default_factory=suite_names)
+  modes: Sequence[str] = tokenizer_lib.MODES
   per_suite_language: int = 16
   bfcl_categories: Sequence[str] = ('simple_python', 'multiple', 'parallel')
   bfcl_per_category: int = 16
@@ -105,11 +128,11 @@ class Settings:
       raise errors.UserError(f'config.eval has unknown keys {unknown}; known: {sorted(fields)}')
     settings = cls(**{k: (tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in values.items()})
     for name in settings.suites:
-      if name not in SUITES:
-        raise errors.UserError(f'config.eval.suites: unknown suite {name!r}; expected some of {SUITES}')
+      if name not in suite_names():
+        raise errors.UserError(f'config.eval.suites: unknown suite {name!r}; expected some of {suite_names()}')
     for mode in settings.modes:
-      if mode not in evals.MODES:
-        raise errors.UserError(f'config.eval.modes: unknown mode {mode!r}; expected some of {evals.MODES}')
+      if mode not in tokenizer_lib.MODES:
+        raise errors.UserError(f'config.eval.modes: unknown mode {mode!r}; expected some of {tokenizer_lib.MODES}')
     if settings.pass_k_samples and max(settings.pass_k) > settings.pass_k_samples:
       raise errors.UserError(f'config.eval.pass_k={settings.pass_k} needs pass_k_samples ≥ {max(settings.pass_k)}')
     for key in ('samples', 'max_examples'):
@@ -144,10 +167,8 @@ def suite_examples(name: str, settings: Settings, tokenizer: tokenizer_lib.Token
   """The fixed eval set of one suite (first N of each held-out source; NL2SQL curation counts `tokenizer`'s
   tokens, None: the bundled one's). Raises SuiteUnavailable."""
   per_language = settings.per_suite_language
-  if name in ('math', 'nl2sql', 'korean_mc', 'chat'):
-    examples = prompts.prompt_set((name,), 'heldout', seed=settings.seed, per_language=per_language,
-                                  tokenizer=tokenizer)
-    return examples
+  if _task(name):
+    return prompts.prompt_set((name,), 'heldout', seed=settings.seed, per_language=per_language, tokenizer=tokenizer)
   if name == 'champ':
     if not champ.available():
       raise SuiteUnavailable(f'the `champ-dataset` package is not installed: `{champ.INSTALL_HINT}`')
@@ -162,7 +183,7 @@ def suite_examples(name: str, settings: Settings, tokenizer: tokenizer_lib.Token
     return instruction_following.generate(settings.seed, per_language)
   if name in BENCHMARKS:
     return benchmarks.load(name)[:settings.max_examples or None]
-  raise ValueError(f'unknown suite {name!r}; expected one of {SUITES}')
+  raise ValueError(f'unknown suite {name!r}; expected one of {suite_names()}')
 
 
 SOURCES_KEY = 'config.eval.sources'
@@ -175,7 +196,7 @@ def source_suites(settings: Settings, tokenizer: tokenizer_lib.Tokenizer | None
   for source in sources.parse(settings.sources, key=SOURCES_KEY, formats=sources.PROMPT_FORMATS):
     is_file = source.format not in ('bundled', 'bfcl')
     name = f'{source.format}:{source.path.stem if is_file else source.location}'
-    if name in suites or name in SUITES:
+    if name in suites or name in suite_names():
       raise errors.UserError(f'{SOURCES_KEY}: two suites would be named {name!r}; rename one of the files')
     examples, source_reports = prompts.from_sources(
         f'{source.label}@{source.weight:g}', key=SOURCES_KEY, split='heldout', seed=settings.seed,
@@ -192,8 +213,7 @@ def score(suite: str, example: Example, reply, judge=None) -> reward.Verdict:
     return reward.score(example, reply.final_turn, reply.actions, tool_results=reply.tool_results, judge=judge)
   response = reply.final_turn.response
   follows = instruction_following.follows(example, response)
-  return reward.Verdict(correct=follows, format_ok=bool((response or '').strip()), language_mismatch=False,
-                        reward=float(follows))
+  return reward.Verdict(correct=follows, format_ok=bool((response or '').strip()), language_mismatch=False)
 
 
 def score_all(suite: str, examples: Sequence[Example], replies: Sequence[Any], judge=None) -> list[reward.Verdict]:
@@ -280,8 +300,7 @@ def _plan(settings: Settings, tokenizer: tokenizer_lib.Tokenizer, from_sources: 
     if too_long := len(candidates) - len(examples):
       skipped[f'{name} (part)'] = f'{too_long} prompts over max_prompt_tokens={settings.max_prompt_tokens} left out'
     plan += [(name, mode, examples) for mode in settings.modes]
-    if ((name in PASS_K_SUITES or name.startswith('math_jsonl:')) and 'reasoning' in settings.modes
-        and settings.pass_k_samples):
+    if has_pass_k(name) and 'reasoning' in settings.modes and settings.pass_k_samples:
       plan.append((name, 'pass@k', examples))
   return plan, skipped
 
@@ -397,7 +416,7 @@ def paper_tables(results: dict[str, Any]) -> list[str]:
               + ' | '.join(PAPER_MODELS) + ' | blank because |', '|---|' + '---|' * (len(models) + 3)]
     for row, suite, language, *paper, why in rows:
       ours = [None if suite is None else _figure(r, suite, language) for r in models.values()]
-      reasons = [why or (f'{suite} not in config.eval.suites' if suite in SUITES else f'no {suite} source')
+      reasons = [why or (f'{suite} not in config.eval.suites' if suite in suite_names() else f'no {suite} source')
                  for value in ours if value is None]
       digits = 2 if suite == 'mtbench' or suite is None and paper[0] < 10 else 1   # scores 1–10, not %
       cell = lambda v: '–' if v is None or isinstance(v, float) and math.isnan(v) else f'{v:.{digits}f}'

@@ -258,8 +258,8 @@ def sample(config, workdir: pathlib.Path) -> tuple[dict[str, Any], artifacts.Fil
   with sharding.activate(mesh):
     groups = rollouts.sample_groups(
         model_config, params, tokenizer, examples, jax.random.key(config.seed), batch_rows=settings.batch_size,
-        samples_per_prompt=samples, mode=MODE, desc='rejection sampling', sampling_settings=config.sampling,
-        max_tool_turns=settings.max_tool_turns, max_tool_result_tokens=settings.max_tool_result_tokens,
+        samples_per_prompt=samples, mode=MODE, desc='rejection sampling',
+        settings=rollouts.rollout_settings(config, 'rejection_sampling'),
         reward=terms.correctness(config.sampling.max_new_tokens), judge=judge)
   for example, prompt_ids, group in groups:
     decisions = trace_decisions(example.language, [candidate(scored) for scored in group])

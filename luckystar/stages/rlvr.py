@@ -11,21 +11,18 @@ and an optional KL estimate to a reference (k3 by default; `KL_ESTIMATORS`).
 
     python -m luckystar.main --config=configs/rlvr.py --workdir=runs/rlvr
 
-The stage (`run`): the RL prompt pool (`config.rlvr.sources`: the train split of bundled suites minus the prompts
-kept for rejection sampling, `examples.rs_only`, and every record of a file source), prompt selection by the starting policy (pass rate at
-k samples within `config.rlvr.select_pass_rate`, cached in `workdir/prompt_selection.json`), a
-held-out eval set with the same task/language mix (`eval_split='train'`: reserved out of the pool before
-selection, `reserve_eval`), then the shared training loop with rollouts drawn by the current policy at
-every step.
+The stage (`run`): the RL prompts and the held-out eval set (`engine.curriculum`: the prompt pool, prompt
+selection by the starting policy, the eval set with the RL prompts' task/language mix), then the shared training
+loop with rollouts drawn by the current policy at every step (`prepare_step`; DAPO's dynamic sampling with
+`config.rlvr.dynamic_sampling`).
 """
 
 import dataclasses
 import functools
 import pathlib
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from absl import logging
 import grain
 import jax
 import jax.numpy as jnp
@@ -34,12 +31,13 @@ import numpy as np
 from luckystar import distributed
 from luckystar import errors
 from luckystar import model
-from luckystar.data import pipeline, sources, suites
-from luckystar.data.examples import TASKS, Example, rs_only
+from luckystar.data import pipeline
+from luckystar.data.examples import Example
 from luckystar.engine import advantages as advantages_lib
-from luckystar.engine import artifacts, evals, judging, logprobs, loop, optim, prompts, rollouts
+from luckystar.engine import curriculum, evals, judging, logprobs, loop, optim, rollouts
 from luckystar.engine import state as state_lib
 from luckystar.engine import step as step_lib
+from luckystar.engine import streams
 from luckystar.model import sharding
 from luckystar.rewards import terms
 from luckystar.tokenizer import Tokenizer
@@ -58,7 +56,6 @@ def zero_variance_groups(rewards: jax.Array, survived: jax.Array) -> jax.Array:
   high = jnp.where(survived, rewards, -jnp.inf).max(-1)
   low = jnp.where(survived, rewards, jnp.inf).min(-1)
   return (survived.sum(-1) >= 2) & (high == low)
-
 
 
 # How `loss_fn`'s aux entries combine over micro-batches (`step.accumulate_gradients`): token means by their
@@ -156,7 +153,7 @@ def training_batch(prompts: Sequence[Sequence[int]], groups: Sequence[Sequence[r
   `score_multiple`: the sampling budget gives one width for every batch, so fewer compiles), and advantages
   by the estimator `advantages.ESTIMATORS[advantage]` over the whole batch's groups.
   Returns (batch, zero_variance [prompts]). See `loss_fn` for the fields."""
-  rewards = np.array([[s.verdict.reward if s.survived else 0.0 for s in group] for group in groups], np.float32)
+  rewards = np.array([[s.reward if s.survived else 0.0 for s in group] for group in groups], np.float32)
   survived = np.array([[s.survived for s in group] for group in groups])
   advantages, used = jax.device_get(advantages_lib.ESTIMATORS[advantage](rewards, survived))
   rows = [(prompts[g], s.rollout) for g, group in enumerate(groups) for s in group]
@@ -183,7 +180,7 @@ def rollout_metrics(groups: Sequence[Sequence[rollouts.Scored]], zero_variance: 
   flat = [s for group in groups for s in group]
   mean = evals.mean
   return {
-      f'{prefix}/reward': mean([s.verdict.reward for s in flat if s.survived]),
+      f'{prefix}/reward': mean([s.reward for s in flat if s.survived]),
       f'{prefix}/correctness': mean([bool(s.verdict.correct) for s in flat]),
       f'{prefix}/pass_rate': mean([mean([bool(s.verdict.correct) for s in group]) for group in groups]),
       f'{prefix}/language_mismatch': evals.korean_mismatch_rate([(s.example, s.rollout, s.verdict)
@@ -195,42 +192,112 @@ def rollout_metrics(groups: Sequence[Sequence[rollouts.Scored]], zero_variance: 
   }
 
 
-# ---- prompts --------------------------------------------------------------------------------------
+# ---- each step's batch ----------------------------------------------------------------------------
 
-SELECTION_FILE = 'prompt_selection.json'
+@dataclasses.dataclass(frozen=True)
+class StepContext:
+  """What a step's rollouts need besides the state: the run's settings, the RL prompts (`examples`, rendered
+  as `prompts`), the judge, and `reference(batch)` → reference log-probs (None when kl_beta = 0)."""
+  config: Any
+  workdir: pathlib.Path
+  model_config: model.ModelConfig
+  mesh: jax.sharding.Mesh
+  tokenizer: Tokenizer
+  examples: Sequence[Example]
+  prompts: Sequence[Sequence[int]]
+  judge: Any
+  reference: Callable[[Mapping[str, np.ndarray]], np.ndarray] | None
+
+
+def reference_fn(config, model_config: model.ModelConfig, params: Any
+                 ) -> Callable[[Mapping[str, np.ndarray]], np.ndarray] | None:
+  """The KL term's reference: the starting params' log-probs of a batch ([B, T], like its per-token fields), on
+  a copy of the params (the state's own are donated each step); None at kl_beta = 0, which holds no copy."""
+  if config.rlvr.kl_beta <= 0:
+    return None
+  reference_params = jax.tree.map(jnp.copy, params)
+  scores = jax.jit(lambda params, batch: logprobs.token_logprobs(model_config, params, batch,
+                                                                 config.sampling.temperature)[0])
+  return lambda batch: distributed.to_host(scores(reference_params, batch))
+
+
+def informative_groups(groups: Sequence[Sequence[rollouts.Scored]]) -> np.ndarray:
+  """[prompts] bool: groups whose survivors did not all earn the same reward (fewer than two survivors: not
+  informative), the groups DAPO's dynamic sampling keeps."""
+  survivors = [[s.reward for s in group if s.survived] for group in groups]
+  return np.array([len(set(rewards)) > 1 for rewards in survivors], bool)
+
+
+def dynamic_groups(draw: Callable[[np.ndarray, jax.Array], list], indices: np.ndarray, rng: jax.Array, *,
+                   pool_size: int, rounds: int) -> tuple[np.ndarray, list, dict]:
+  """DAPO's dynamic sampling (Yu et al. 2025, eq. 11): `draw(indices, rng)` → scored groups of those prompts;
+  groups without reward spread (`informative_groups`) are dropped and replaced by informative groups of up to
+  `rounds` further draws of len(indices) prompts (seeded by `rng`, with replacement only when the pool is
+  smaller). When the rounds run out, dropped groups of the first draw fill the rest, so the batch keeps its
+  shape. Returns (prompt indices, groups, `train/dynamic/*` metrics); rounds = 0 is one draw."""
+  groups = draw(indices, rng)
+  if not rounds:
+    return indices, groups, {}
+  wanted, informative = len(indices), informative_groups(groups)
+  kept = [(i, g) for i, g, keep in zip(indices, groups, informative) if keep]
+  drawn, used, uninformative = 0, 0, int((~informative).sum())
+  while len(kept) < wanted and used < rounds:
+    used += 1
+    round_rng = jax.random.fold_in(rng, streams.RLVR_DYNAMIC + used)
+    more = np.asarray(jax.random.choice(round_rng, pool_size, (wanted,), replace=pool_size < wanted))
+    more_groups = draw(more, round_rng)
+    drawn += sum(len(group) for group in more_groups)
+    more_informative = informative_groups(more_groups)
+    uninformative += int((~more_informative).sum())
+    kept += [(i, g) for i, g, keep in zip(more, more_groups, more_informative) if keep]
+  short = max(0, wanted - len(kept))
+  kept = kept[:wanted] + [(i, g) for i, g, keep in zip(indices, groups, informative) if not keep][:short]
+  metrics = {'train/dynamic/extra_rollouts': float(drawn), 'train/dynamic/rounds': float(used),
+             'train/dynamic/dropped_groups': float(uninformative - short),
+             'train/dynamic/uninformative_kept': float(short)}
+  return np.array([i for i, _ in kept]), [g for _, g in kept], metrics
+
+
+def prepare_step(context: StepContext, update_fn: Any, state: Any, indices: np.ndarray, rng: jax.Array
+                 ) -> tuple[dict[str, np.ndarray], dict]:
+  """One step's update batch (this process's rows) and its metrics, from the global batch of prompt `indices`:
+  k rollouts of each prompt by the current policy (`rng`: their draws), scored (`rollouts.generate_and_score`),
+  with dynamic sampling's refills when `config.rlvr.dynamic_sampling` > 0, then advantages (`training_batch`)
+  and, with a KL term, the reference's log-probs."""
+  start, config, settings = time.perf_counter(), context.config, context.config.rlvr
+
+  def draw(chosen, key):
+    with sharding.activate(context.mesh):
+      return rollouts.generate_and_score(
+          context.model_config, state.params, context.tokenizer, [context.examples[int(i)] for i in chosen],
+          [context.prompts[int(i)] for i in chosen], key, samples_per_prompt=settings.samples_per_prompt,
+          **rollout_options(config, context.judge))
+
+  indices, groups, dynamic = dynamic_groups(draw, np.asarray(indices), rng, pool_size=len(context.examples),
+                                            rounds=settings.get('dynamic_sampling', 0))
+  batch, zero_variance = training_batch([context.prompts[int(i)] for i in indices], groups,
+                                        length_multiple=settings.length_multiple,
+                                        score_multiple=config.sampling.max_new_tokens, advantage=settings.advantage)
+  if context.reference is not None:
+    full = {k: v for k, v in batch.items() if k != 'score_columns'}  # [B, T] like the other per-token fields
+    with sharding.activate(context.mesh):
+      batch['ref_logprobs'] = np.pad(context.reference(full), ((0, 0), (1, 0)))
+  metrics = rollout_metrics(groups, zero_variance) | dynamic
+  generated = sum(int(s.rollout.loss_mask.sum()) for group in groups for s in group)
+  metrics['perf/rollout_tokens_per_sec'] = generated / (time.perf_counter() - start)
+  judging.save(context.judge, context.workdir)
+  return update_fn.local_rows(batch), metrics | judging.metrics(context.judge)
+
+
+# ---- settings ------------------------------------------------------------------------------------
+
 SAMPLED_PREFIX = 'eval/sampled/'  # held-out figures of `eval_samples` draws per prompt at the sampling temperature
-
-
-SOURCES_KEY = 'config.rlvr.sources'
-
-
-def tasks(settings: Any) -> list[str]:
-  """The tasks of the bundled suites among `settings.sources`, in order."""
-  return [s.location for s in sources.parse(settings.sources, key=SOURCES_KEY, formats=sources.PROMPT_FORMATS)
-          if s.format == 'bundled' and s.location in TASKS]
-
-
-def prompt_pool(settings: Any, split: str, tokenizer: Tokenizer, *, seed: int
-                ) -> tuple[list[Example], list[sources.Report]]:
-  """RL prompts of `settings.sources` in `split` (`prompts.from_sources`) whose reasoning-mode prompt fits
-  `settings.max_prompt_tokens`, with a report per source. Train: a bundled suite's train split minus the
-  rejection-sampling prompts (`rs_only`), a registered prompt set, every record of a file. Held-out: the sources
-  of `settings.eval_sources` when set, else the held-out split of the bundled suites."""
-  spec, key = settings.sources, SOURCES_KEY
-  if split != 'train':
-    spec, key = settings.get('eval_sources') or ','.join(f'bundled:{task}' for task in tasks(settings)), \
-        'config.rlvr.eval_sources'
-  keep = (lambda e: not rs_only(e, seed)) if split == 'train' else None
-  return prompts.from_sources(spec, key=key, split=split, seed=seed, tokenizer=tokenizer, where=keep,
-                              max_prompt_tokens=settings.max_prompt_tokens)
 
 
 def rollout_options(config, judge=None) -> dict[str, Any]:
   """`rollouts.generate_and_score`'s settings from the config; `judge` (`engine.judging.make`) decides what the
   rules cannot."""
-  settings = config.rlvr
-  return dict(sampling_settings=config.sampling, max_tool_turns=settings.max_tool_turns,
-              max_tool_result_tokens=settings.max_tool_result_tokens, reward=reward_of(config), judge=judge)
+  return dict(settings=rollouts.rollout_settings(config, 'rlvr'), reward=reward_of(config), judge=judge)
 
 
 def reward_of(config) -> terms.Reward:
@@ -242,110 +309,6 @@ def reward_of(config) -> terms.Reward:
                      drop_overlong=settings.drop_overlong)
 
 
-def _fingerprint(config, tokenizer: Tokenizer) -> dict:
-  """What prompt selection depends on; a cached selection with another fingerprint is stale."""
-  settings = config.rlvr
-  fingerprint = {'init_from': config.init_from, 'tokenizer': tokenizer.fingerprint, 'seed': config.seed,
-                 'sources': sources.fingerprint(sources.parse(settings.sources, key=SOURCES_KEY)),
-                 'max_prompt_tokens': settings.max_prompt_tokens,
-                 'selection_prompts': artifacts.plain(settings.selection_prompts),
-                 'selection_samples': settings.selection_samples, 'pass_rate': list(settings.select_pass_rate),
-                 'sampling': dict(config.sampling)}
-  if settings.eval_split == 'train':  # the eval set is reserved out of the pool first (`reserve_eval`)
-    fingerprint |= {'eval_split': 'train', 'eval_prompts': settings.eval_prompts}
-  return fingerprint
-
-
-def selection_candidates(pool: Sequence[Example], selection_prompts: int | Mapping[str, int], seed: int
-                         ) -> list[Example]:
-  """The seeded sample of the pool that prompt selection measures, in pool order: `selection_prompts`
-  prompts of the whole pool, or, when it maps task → count, that many of each task (a task whose
-  pass rates are rarely in range costs rollouts and keeps few prompts, so the budget is set per task).
-  A task of the dict that the pool lacks is skipped (one log line): one dict serves any choice of sources."""
-  rng = np.random.default_rng([seed, 17])
-  if not hasattr(selection_prompts, 'items'):
-    return [pool[i] for i in sorted(rng.permutation(len(pool))[:selection_prompts])]
-  present = {e.task for e in pool}
-  if not present & set(selection_prompts):
-    raise errors.UserError(
-        f'config.rlvr.selection_prompts names tasks {sorted(selection_prompts)}, but the prompts of '
-        f'config.rlvr.sources (those that fit max_prompt_tokens) are of tasks {sorted(present)} only; give one of '
-        f'them a count in the config file\'s selection_prompts (task → candidates, docs/data.md)')
-  if absent := sorted(set(selection_prompts) - present):
-    measured = {task: count for task, count in sorted(selection_prompts.items()) if task in present}
-    logging.info('prompt selection: config.rlvr.selection_prompts names tasks %s that config.rlvr.sources does '
-                 'not have; measuring %s', absent, measured)
-  chosen = []
-  for task, count in sorted(selection_prompts.items()):
-    if task not in present:
-      continue
-    members = [i for i, e in enumerate(pool) if e.task == task]
-    chosen += [members[j] for j in rng.permutation(len(members))[:count]]
-  return [pool[i] for i in sorted(chosen)]
-
-
-def pass_rates(config, model_config: model.ModelConfig, params: Any, tokenizer: Tokenizer,
-               examples: Sequence[Example], samples: int, rng: jax.Array, desc: str = 'pass rates', judge=None
-               ) -> dict[str, float]:
-  """Example id → fraction of `samples` rollouts at the RL settings (`rollout_options`) whose verdict is
-  correct, in batches of about `config.rlvr.selection_batch` rollouts."""
-  groups = rollouts.sample_groups(model_config, params, tokenizer, examples, rng, batch_rows=config.rlvr.selection_batch,
-                                  samples_per_prompt=samples, desc=desc, **rollout_options(config, judge))
-  return {e.id: float(np.mean([bool(s.verdict.correct) for s in group])) for e, _, group in groups}
-
-
-def select_prompts(config, workdir: pathlib.Path, model_config: model.ModelConfig, params: Any,
-                   tokenizer: Tokenizer, pool: Sequence[Example], judge=None) -> list[Example]:
-  """Prompts whose pass rate under the starting policy lies in `config.rlvr.select_pass_rate`
-  ([1/8, 7/8] at k = 8, docs/rl.md), measured once on a seeded sample of the pool
-  (`selection_candidates`) and kept in `workdir/prompt_selection.json`."""
-  settings = config.rlvr
-  by_id = {e.id: e for e in pool}
-  low, high = settings.select_pass_rate
-
-  def build():
-    candidates = selection_candidates(pool, settings.selection_prompts, config.seed)
-    rates = pass_rates(config, model_config, params, tokenizer, candidates, settings.selection_samples,
-                       jax.random.key(config.seed), desc='prompt selection', judge=judge)
-    kept = [e.id for e in candidates if low <= rates[e.id] <= high]
-    summary = {f'{task}/{lang}': {'candidates': sum(1 for e in candidates if (e.task, e.language) == (task, lang)),
-                                  'kept': sum(1 for i in kept if (by_id[i].task, by_id[i].language) == (task, lang))}
-               for task, lang in sorted({(e.task, e.language) for e in candidates})}
-    logging.info('prompt selection: kept %d of %d prompts with pass rate in [%g, %g]: %s', len(kept),
-                 len(candidates), low, high, summary)
-    return {'pass_rates': rates, 'kept': kept, 'summary': summary}, {}
-
-  record = artifacts.load_or_build(workdir, SELECTION_FILE, _fingerprint(config, tokenizer), build,
-                                   what='prompt selection')
-  if not record['kept']:
-    raise errors.UserError(
-        f'prompt selection kept no prompt: none of {len(record["pass_rates"])} had a pass rate in [{low}, {high}] '
-        f'under {config.init_from!r} (see {workdir / SELECTION_FILE}); start from a stronger policy '
-        f'(config.init_from), widen config.rlvr.select_pass_rate, or choose other config.rlvr.sources')
-  return [by_id[i] for i in record['kept']]
-
-
-def allocate(count: int, weights: Mapping[Any, float], capacity: Mapping[Any, int]) -> dict[Any, int]:
-  """Integer counts summing to `count`, proportional to `weights` but at most `capacity` each: a group
-  that would get more than it holds gets all of it and the rest is shared out again among the others
-  in proportion (then largest remainder; ties go to the earlier key). Groups of weight 0 get none."""
-  open_keys = [key for key, weight in weights.items() if weight > 0]
-  fixed, quotas = {}, {}
-  while open_keys:
-    left, total = count - sum(fixed.values()), sum(weights[key] for key in open_keys)
-    quotas = {key: left * weights[key] / total for key in open_keys}
-    full = [key for key in open_keys if quotas[key] >= capacity[key]]
-    if not full:
-      break
-    fixed.update({key: capacity[key] for key in full})
-    open_keys = [key for key in open_keys if key not in full]
-    quotas = {}
-  counts = {key: 0 for key in weights} | fixed | {key: int(q) for key, q in quotas.items()}
-  for key in sorted(quotas, key=lambda k: counts[k] - quotas[k])[:count - sum(counts.values())]:
-    counts[key] += 1
-  return counts
-
-
 def eval_settings(config) -> evals.Settings:
   """The held-out evaluation's settings: greedy, in `config.rlvr.eval_modes`, with the RL tool limits."""
   settings = config.rlvr
@@ -355,17 +318,16 @@ def eval_settings(config) -> evals.Settings:
                              batch_size=settings.eval_batch_size, seed=config.seed)
 
 
-EVAL_SPLITS = ('heldout', 'train')
 # The keys that name a choice, and their choices (numeric keys: `luckystar.config.DOMAINS`).
-CHOICES = {'advantage': tuple(advantages_lib.ESTIMATORS), 'normalize': NORMALIZATIONS,
-           'kl_estimator': tuple(KL_ESTIMATORS), 'eval_split': EVAL_SPLITS}
+# The registries themselves, not copies, so that an estimator registered after import is a valid choice.
+CHOICES = {'advantage': advantages_lib.ESTIMATORS, 'normalize': NORMALIZATIONS, 'kl_estimator': KL_ESTIMATORS}
 
 
 def check_choice(config, key: str) -> str:
   """`config.rlvr.<key>` of a CHOICES key, or a config error naming the key."""
   value = config.rlvr[key]
   if value not in CHOICES[key]:
-    raise errors.UserError(f'config.rlvr.{key}={value!r}; expected one of {CHOICES[key]}')
+    raise errors.UserError(f'config.rlvr.{key}={value!r}; expected one of {tuple(CHOICES[key])}')
   return value
 
 
@@ -373,6 +335,7 @@ def check_config(config) -> None:
   """The config errors `run` would otherwise meet only after prompt selection (minutes of rollouts)."""
   for key in CHOICES:
     check_choice(config, key)
+  curriculum.eval_split(config)
   reward_of(config)   # an unknown term, a bad weight, a language_penalty conflict
   if not config.sampling.temperature > 0:   # the loss divides logits by it: 0 would make every update NaN (skipped)
     raise errors.UserError(f'config.sampling.temperature={config.sampling.temperature}: RLVR samples its '
@@ -382,77 +345,27 @@ def check_config(config) -> None:
                       f'{config.rlvr.samples_per_prompt} rollouts')
 
 
-def eval_pool(config, tokenizer: Tokenizer, pool: Sequence[Example]) -> list[Example]:
-  """Where the held-out eval draws from (`config.rlvr.eval_split`). 'heldout': the held-out split (for
-  NL2SQL, databases no training split has). 'train': new questions over the training databases, i.e.
-  bundled suites' train prompts (`pool`, RS prompts already out) whose gold answer no RS prompt has (the
-  three training databases per domain share one wording, so a question text repeats over them with the same
-  gold SQL); `reserve_eval` draws the eval set from them before prompt selection and takes it out of RL's pool."""
-  settings = config.rlvr
-  if check_choice(config, 'eval_split') == 'heldout':
-    return prompt_pool(settings, 'heldout', tokenizer, seed=config.seed)[0]
-  rs = prompts.prompt_set(tasks(settings), 'train', seed=config.seed, where=lambda e: rs_only(e, config.seed),
-                          tokenizer=tokenizer)
-  rs_answers = {(e.task, e.answer) for e in rs}
-  bundled = {e.id for task in tasks(settings) for e in suites.load(task, 'train', seed=config.seed, tokenizer=tokenizer)}
-  return [e for e in pool if (e.task, e.answer) not in rs_answers and e.id in bundled]
-
-
-def reserve_eval(config, tokenizer: Tokenizer, pool: Sequence[Example]
-                 ) -> tuple[list[Example], list[Example]]:
-  """eval_split='train': (the eval set, RL's pool without it). The eval set is drawn first, with the pool's
-  (task, language) mix (`eval_examples`), and every pool prompt that shares a gold answer with it leaves the
-  pool; prompt selection can then measure all the rest (drawn after selection, the eval set would take prompts
-  selection could have measured)."""
-  candidates = eval_pool(config, tokenizer, pool)
-  count = eval_size(config, config.rlvr.eval_prompts, pool, candidates)
-  heldout = eval_examples(pool, candidates, count, config.seed)
-  taken = {(e.task, e.answer) for e in heldout}
-  return heldout, [e for e in pool if (e.task, e.answer) not in taken]
-
-
-def eval_size(config, count: int, rl_prompts: Sequence[Example], heldout: Sequence[Example]) -> int:
-  """`count` held-out prompts, or as many as `heldout` holds of `rl_prompts`' (task, language) groups when that
-  is fewer (one log line; none is a config error). `run` asks before prompt selection with the whole RL pool,
-  so that a short eval source costs no rollouts, and again with the selected prompts (`eval_examples`)."""
-  groups = {(e.task, e.language) for e in rl_prompts}
-  available = sum((e.task, e.language) in groups for e in heldout)
-  if check_choice(config, 'eval_split') == 'train':
-    where = "eval_split='train' (the bundled train questions no RS prompt shares)"
-  else:
-    where = f'config.rlvr.eval_sources={config.rlvr.eval_sources!r}' if config.rlvr.get('eval_sources') else \
-        'the held-out split of the bundled suites'
-  if not available:
-    raise errors.UserError(f'config.rlvr.eval_prompts: {where} has no prompt of the RL prompts\' tasks and languages '
-                           f'{sorted(groups)}; name eval sources of those tasks in config.rlvr.eval_sources')
-  if available < count:
-    logging.warning('config.rlvr.eval_prompts: %d held-out prompts wanted, but %s has %d of the RL prompts\' '
-                    'tasks and languages: evaluating on those %d', count, where, available, available)
-  return min(count, available)
-
-
-def eval_examples(selected: Sequence[Example], heldout: Sequence[Example], count: int, seed: int) -> list[Example]:
-  """`count` held-out prompts with the (task, language) mix of `selected` (`allocate`: a group with too
-  few held-out prompts gives its share to the others), fixed by `seed`; disjoint from RL and RS prompts,
-  which come from the train split."""
-  groups = {}
-  for example in heldout:
-    groups.setdefault((example.task, example.language), []).append(example)
-  mix = {key: sum(1 for e in selected if (e.task, e.language) == key) for key in groups}
-  available = sum(len(groups[key]) for key, n in mix.items() if n)
-  if available < count:
-    raise errors.UserError(f'config.rlvr.eval_prompts={count}, but the held-out split has only {available} '
-                           'prompts of the selected prompts\' tasks and languages')
-  counts = allocate(count, mix, {key: len(members) for key, members in groups.items()})
-  rng = np.random.default_rng([seed, 29])
-  chosen = []
-  for key in sorted(groups):
-    members = groups[key]
-    chosen += [members[i] for i in sorted(rng.permutation(len(members))[:counts[key]])]
-  return chosen
-
-
 # ---- the stage --------------------------------------------------------------------------------------
+
+
+def make_eval_fn(config, model_config: model.ModelConfig, tokenizer: Tokenizer, mesh: jax.sharding.Mesh,
+                 heldout: Sequence[Example], judge=None) -> Callable[[Any, int], dict]:
+  """`eval_fn(params, step)` → the held-out figures: greedy (`eval/*`), and with `config.rlvr.eval_samples`
+  the pass@1 of that many draws at the sampling temperature (`eval/sampled/*`, what RL optimises)."""
+  greedy = eval_settings(config)
+  sampled = dataclasses.replace(greedy, temperature=config.sampling.temperature, samples=config.rlvr.eval_samples)
+
+  def eval_fn(params, step):
+    del step
+    with sharding.activate(mesh):   # the params stay sharded; the held-out rollouts split over the mesh
+      metrics = evals.evaluate(model_config, params, tokenizer, greedy, examples=heldout, judge=judge)
+      if config.rlvr.eval_samples:
+        drawn = evals.evaluate(model_config, params, tokenizer, sampled, examples=heldout, judge=judge)
+        metrics |= {SAMPLED_PREFIX + key.removeprefix('eval/'): value for key, value in drawn.items()
+                    if key.startswith(('eval/correctness', 'eval/language_mismatch', 'eval/response_length'))}
+    return metrics
+  return eval_fn
+
 
 
 def run(config, workdir: str) -> None:
@@ -465,69 +378,20 @@ def run(config, workdir: str) -> None:
   model_config, mesh, optimizer, state, tokenizer = state_lib.start(
       config, workdir, updates_per_step=settings.updates_per_batch)
 
-  pool, reports = prompt_pool(settings, 'train', tokenizer, seed=config.seed)
   judge = judging.make(config, workdir)   # None unless config.judge names one
-  heldout = None
-  if settings.eval_split == 'train':
-    heldout, pool = reserve_eval(config, tokenizer, pool)
-  else:  # the eval sources are read, and eval_prompts capped at what they hold, before any rollout
-    candidates = eval_pool(config, tokenizer, pool)
-    eval_count = eval_size(config, settings.eval_prompts, pool, candidates)
-  with sharding.activate(mesh):  # rollouts and their KV cache split over the mesh's batch devices
-    selected = select_prompts(config, workdir, model_config, state.params, tokenizer, pool, judge)
+  with sharding.activate(mesh):  # selection's rollouts and their KV cache split over the mesh's batch devices
+    selected, heldout = curriculum.prompts_and_eval_set(config, workdir, model_config, state.params, tokenizer,
+                                                        rollout_options(config, judge))
   judging.save(judge, workdir)
-  if heldout is None:  # the held-out split: the RL prompts' (task, language) mix
-    eval_count = eval_size(config, eval_count, selected, candidates)   # selection may have kept fewer groups
-    heldout = eval_examples(selected, candidates, eval_count, config.seed)
-  artifacts.write_data_report(workdir, reports, train=[e.prompt for e in pool], evaluated=[e.prompt for e in heldout])
-  greedy_settings = eval_settings(config)
+  eval_fn = make_eval_fn(config, model_config, tokenizer, mesh, heldout, judge)
 
-  sampled_settings = dataclasses.replace(greedy_settings, temperature=config.sampling.temperature,
-                                         samples=settings.eval_samples)
-
-  def eval_fn(params, step):
-    del step
-    with sharding.activate(mesh):   # the params stay sharded; the held-out rollouts split over the mesh
-      metrics = evals.evaluate(model_config, params, tokenizer, greedy_settings, examples=heldout, judge=judge)
-      if settings.eval_samples:  # what RL optimises: pass@1 of the policy as it samples
-        sampled = evals.evaluate(model_config, params, tokenizer, sampled_settings, examples=heldout, judge=judge)
-        metrics |= {SAMPLED_PREFIX + key.removeprefix('eval/'): value for key, value in sampled.items()
-                    if key.startswith(('eval/correctness', 'eval/language_mismatch', 'eval/response_length'))}
-    return metrics
-
-  rendered = [rollouts.render_prompt(tokenizer, e) for e in selected]
-  # Every process draws the same global batch of prompts and samples all of its rollouts together (`sampling.rollout`
-  # over processes); each then feeds its own rows of the update's batch, so a run does not depend on the process count.
   prompt_batches = iter(grain.MapDataset.range(len(selected)).shuffle(seed=config.seed).repeat()
                         .batch(config.batch_size).to_iter_dataset(pipeline.ON_DEMAND))
-
-  reference = reference_params = None
-  if settings.kl_beta > 0:  # β = 0 holds no reference params at all
-    reference_params = jax.tree.map(jnp.copy, state.params)  # the state's own params are donated each step
-    reference = jax.jit(lambda params, batch: logprobs.token_logprobs(model_config, params, batch,
-                                                             config.sampling.temperature)[0])
-
-  def prepare(state, indices, rng):
-    start = time.perf_counter()
-    examples = [selected[int(i)] for i in indices]
-    with sharding.activate(mesh):
-      groups = rollouts.generate_and_score(model_config, state.params, tokenizer, examples,
-                                           [rendered[int(i)] for i in indices], rng,
-                                           samples_per_prompt=settings.samples_per_prompt,
-                                           **rollout_options(config, judge))
-    batch, zero_variance = training_batch([rendered[int(i)] for i in indices], groups,
-                                          length_multiple=settings.length_multiple,
-                                          score_multiple=config.sampling.max_new_tokens,
-                                          advantage=settings.advantage)
-    if reference is not None:
-      full = {k: v for k, v in batch.items() if k != 'score_columns'}  # [B, T] like the other per-token fields
-      with sharding.activate(mesh):
-        batch['ref_logprobs'] = np.pad(distributed.to_host(reference(reference_params, full)), ((0, 0), (1, 0)))
-    metrics = rollout_metrics(groups, zero_variance)
-    generated = sum(int(s.rollout.loss_mask.sum()) for group in groups for s in group)
-    metrics['perf/rollout_tokens_per_sec'] = generated / (time.perf_counter() - start)
-    judging.save(judge, workdir)
-    return update_fn.local_rows(batch), metrics | judging.metrics(judge)
+  # Every process draws the same global batch of prompts and samples all of its rollouts together (`sampling.rollout`
+  # over processes); each then feeds its own rows of the update's batch, so a run does not depend on the process count.
+  context = StepContext(config=config, workdir=workdir, model_config=model_config, mesh=mesh, tokenizer=tokenizer,
+                        examples=selected, prompts=[rollouts.render_prompt(tokenizer, e) for e in selected],
+                        judge=judge, reference=reference_fn(config, model_config, state.params))
 
   loss = functools.partial(loss_fn, model_config=model_config, temperature=config.sampling.temperature,
                            clip_epsilon=settings.clip_epsilon, clip_low=settings.clip_low,
@@ -538,6 +402,7 @@ def run(config, workdir: str) -> None:
       learning_rate=optim.learning_rate_schedule(config, settings.updates_per_batch),
       grad_accum_steps=config.grad_accum_steps, denominator=settings.normalize,
       updates_per_batch=settings.updates_per_batch, aux_weights=AUX_WEIGHTS)
+  prepare = functools.partial(prepare_step, context, update_fn)
   loop.run_training(config, workdir, state=state, update_fn=update_fn, batches=prompt_batches, eval_fn=eval_fn,
                     model_config=model_config, prepare=prepare, progress_keys=PROGRESS_KEYS,
                     summary_keys=SUMMARY_KEYS)

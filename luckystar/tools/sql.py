@@ -31,11 +31,12 @@ The query comes from a policy that RL pushes to exploit every hole, so
      checked at the bottom of VM loops, so straight-line SQL such as
      `instr(a, b) + instr(a, b) + ...` over 100 kB strings, or SQLite's own
      printf('%.*c', 2000000000, 'x') loop, runs for minutes inside one step.
-     Queries therefore run in a pooled worker process (`python -I -S`, stdlib
-     only, address space and file size limited) that the caller kills at
-     timeout_s + KILL_GRACE_S and replaces at once. A call costs ~1 ms of
-     IPC; a cold worker needs ~0.1 s to start, which counts against the
-     call's timeout (a worker not started in time is kept for the next call).
+     Queries therefore run in a pooled worker process (`luckystar.workers`:
+     `python -I -S`, stdlib only, address space and file size limited) that
+     the caller kills at timeout_s + KILL_GRACE_S and replaces at once. A
+     call costs ~1 ms of IPC; a cold worker needs ~0.1 s to start, which
+     counts against the call's timeout (a worker not started in time is kept
+     for the next call).
 
 A bad timeout_s or cap is the caller's bug, not the model's, so it raises
 ValueError at once; everything about the query text or the database is an
@@ -57,18 +58,17 @@ import math
 import numbers
 import os
 import pathlib
-import select
 import shutil
 import sqlite3
 import stat
-import struct
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import urllib.parse
-from typing import Any
+from typing import Any, Callable
+
+from luckystar import workers
 
 MAX_SQL_CHARS = 20_000          # real NL2SQL queries are < 5k; also bounds tokenizing time
 MAX_VALUE_BYTES = 1_000_000     # SQLITE_LIMIT_LENGTH: the largest string or blob a query may build
@@ -224,7 +224,7 @@ def _execute(db_path, sql, deadline, timeout_s, max_rows, max_cell_bytes, max_to
       _return_worker(worker)  # only slow to start (a loaded machine): the next call gets it ready
       return SqlResult(ok=False, error=f'timeout: the sandbox process did not start within {timeout_s:g} s')
     reply = worker.ask(request, deadline, deadline + KILL_GRACE_S)
-  except _WorkerDied:
+  except workers.WorkerDied:
     worker.kill()
     _return_worker(_Worker())
     return SqlResult(ok=False, error='sandbox error: the query process died (crashed or was killed); try again')
@@ -284,12 +284,8 @@ def _check_text(sql: Any) -> tuple[str, str | None]:
   return sql, None
 
 
-class _WorkerDied(RuntimeError):
-  pass
-
-
 class _Worker:
-  """One sandbox process, used by one call at a time; frames are 8-byte length + marshal.
+  """One sandbox process (`luckystar.workers`), used by one call at a time; frames are marshal.
 
   `scratch` is its private directory for database copies (`_open`); killing the worker removes it, so a copy
   cut short by the kill does not stay behind.
@@ -297,17 +293,13 @@ class _Worker:
 
   def __init__(self):
     self.scratch = tempfile.mkdtemp(prefix='luckystar-sql-')
-    self.process = subprocess.Popen(
-        [sys.executable, '-I', '-S', str(pathlib.Path(__file__).resolve()), '--serve'],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
-    os.set_blocking(self.process.stdin.fileno(), False)
-    self.ready = False
+    self.child = workers.Worker(str(pathlib.Path(__file__).resolve()), '_worker_setup', flags=('-I', '-S'),
+                                limits={'RLIMIT_AS': WORKER_MEMORY_BYTES, 'RLIMIT_FSIZE': WORKER_FILE_BYTES},
+                                stderr=subprocess.DEVNULL)
 
   def wait_until_ready(self, deadline: float) -> bool:
-    """Whether the worker has started; a fresh one says b'R' once its imports are done."""
-    if not self.ready:
-      self.ready = _read_exactly(self.process.stdout.fileno(), 1, deadline) == b'R'
-    return self.ready
+    """Whether the worker has started (its imports done)."""
+    return self.child.wait_until_ready(deadline)
 
   def ask(self, request: tuple, query_deadline: float, kill_deadline: float) -> bytes | None:
     """The marshalled reply, or None when kill_deadline passed first.
@@ -315,51 +307,14 @@ class _Worker:
     The worker gets the seconds left until query_deadline, so its own clean
     timeout comes before the kill even when it started slowly.
     """
-    stdin, stdout = self.process.stdin.fileno(), self.process.stdout.fileno()
-    message = marshal.dumps((query_deadline - time.monotonic(), *request))
-    if not _write_all(stdin, struct.pack('>Q', len(message)) + message, kill_deadline):
+    try:
+      return self.child.ask(marshal.dumps((query_deadline - time.monotonic(), *request)), kill_deadline)
+    except TimeoutError:
       return None
-    header = _read_exactly(stdout, 8, kill_deadline)
-    return header and _read_exactly(stdout, struct.unpack('>Q', header)[0], kill_deadline)
 
   def kill(self):
-    self.process.kill()
-    self.process.wait()
-    self.process.stdin.close()
-    self.process.stdout.close()
+    self.child.kill()
     shutil.rmtree(self.scratch, ignore_errors=True)
-
-
-def _wait_for(fd: int, event: int, deadline: float) -> bool:
-  """Whether fd became ready for event (select.POLLIN / POLLOUT) before the deadline; poll takes any fd number."""
-  poller = select.poll()
-  poller.register(fd, event)
-  while (left := deadline - time.monotonic()) > 0:
-    if poller.poll(min(left, 3600) * 1000):  # in slices: poll's millisecond count overflows past ~24 days
-      return True
-  return False
-
-
-def _read_exactly(fd: int, size: int, deadline: float) -> bytes | None:
-  chunks, received = [], 0
-  while received < size:
-    if not _wait_for(fd, select.POLLIN, deadline):
-      return None
-    chunk = os.read(fd, size - received)
-    if not chunk:
-      raise _WorkerDied('the SQL sandbox worker exited unexpectedly')
-    chunks.append(chunk)
-    received += len(chunk)
-  return b''.join(chunks)
-
-
-def _write_all(fd: int, data: bytes, deadline: float) -> bool:
-  view = memoryview(data)
-  while view:
-    if not _wait_for(fd, select.POLLOUT, deadline):
-      return False
-    view = view[os.write(fd, view):]
-  return True
 
 
 _idle_workers: list[_Worker] = []
@@ -393,33 +348,22 @@ def _stop_workers():
       _idle_workers.pop().kill()
 
 
-# ---- The worker's side: stdlib only, run as `python -I -S sql.py --serve`. ----
+# ---- The worker's side: stdlib only, in the `python -I -S` child `luckystar.workers` starts. ----
 
 
-def _serve():
-  """Answers requests on stdin until the parent closes it."""
-  import resource  # pylint: disable=import-outside-toplevel
-  import signal  # pylint: disable=import-outside-toplevel
-  for limit, value in ((resource.RLIMIT_AS, WORKER_MEMORY_BYTES), (resource.RLIMIT_FSIZE, WORKER_FILE_BYTES),
-                       (resource.RLIMIT_CORE, 0)):
-    hard = resource.getrlimit(limit)[1]
-    resource.setrlimit(limit, (value if hard == resource.RLIM_INFINITY else min(value, hard), hard))
-  signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized temp file is then an I/O error, not a crash
-  signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is for the parent; the worker ends when stdin closes
-  stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-  stdout.write(b'R')
-  stdout.flush()
-  while len(header := stdin.read(8)) == 8:
-    request = stdin.read(struct.unpack('>Q', header)[0])
-    try:
-      reply = marshal.dumps(_run(*marshal.loads(request)))
-    except MemoryError:  # RLIMIT_AS reached while Python held the rows
-      reply = marshal.dumps((False, (), (), False, f'out of memory: the query needs more than '
-                             f'{WORKER_MEMORY_BYTES >> 20} MiB'))
-    except BaseException as e:  # pylint: disable=broad-except  # one bad request must not end the worker
-      reply = marshal.dumps((False, (), (), False, f'internal error: {type(e).__name__}: {e}'))
-    stdout.write(struct.pack('>Q', len(reply)) + reply)
-    stdout.flush()
+def _worker_setup() -> Callable[[bytes], bytes]:
+  """The worker's answer to each request; the imports are done when this file loads."""
+  return _answer
+
+
+def _answer(request: bytes) -> bytes:
+  try:
+    return marshal.dumps(_run(*marshal.loads(request)))
+  except MemoryError:  # RLIMIT_AS reached while Python held the rows
+    return marshal.dumps((False, (), (), False, f'out of memory: the query needs more than '
+                          f'{WORKER_MEMORY_BYTES >> 20} MiB'))
+  except BaseException as e:  # pylint: disable=broad-except  # one bad request must not end the worker
+    return marshal.dumps((False, (), (), False, f'internal error: {type(e).__name__}: {e}'))
 
 
 def _run(seconds_left: float, path: str, scratch: str, text: str, timeout_s: float, max_rows: int,
@@ -574,7 +518,3 @@ def _cap_cell(value, max_cell_bytes):
       return encoded[:max_cell_bytes].decode('utf-8', 'ignore') + TRUNCATION_MARK, max_cell_bytes, True
     return value, len(encoded), False
   return value, 8, False
-
-
-if __name__ == '__main__' and sys.argv[1:] == ['--serve']:
-  _serve()

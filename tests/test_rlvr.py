@@ -8,9 +8,10 @@ import pytest
 
 from luckystar import errors
 from luckystar import model
+from luckystar.engine import curriculum
 from luckystar.engine import advantages as advantages_lib
 from luckystar.engine import logprobs, rollouts
-from luckystar.stages import rlvr as rloo
+from luckystar.stages import rlvr
 
 
 @pytest.mark.fast
@@ -66,7 +67,7 @@ def test_advantages_of_a_group_sum_to_zero(data):
   np.testing.assert_allclose(advantages.sum(-1), 0.0, atol=1e-5)
   assert not advantages[~used].any()
   assert (used.any(-1) == (survived.sum(-1) >= 2)).all()
-  zero = np.asarray(rloo.zero_variance_groups(rewards, survived))
+  zero = np.asarray(rlvr.zero_variance_groups(rewards, survived))
   assert (zero <= ~np.abs(advantages).any(-1)).all()   # no signal ⇒ all advantages 0
 
 
@@ -93,7 +94,7 @@ def test_on_policy_loss_is_advantage_weighted_nll_over_generated_tokens(tiny):
   batch = _batch(config)
   token_lps, _ = logprobs.token_logprobs(config, params, batch, temperature=0.7)
   batch['old_logprobs'] = np.pad(np.asarray(token_lps), ((0, 0), (1, 0)))
-  loss, aux = rloo.loss_fn(params, batch, None, model_config=config, temperature=0.7)
+  loss, aux = rlvr.loss_fn(params, batch, None, model_config=config, temperature=0.7)
   mask = batch['loss_mask'][:, 1:] * batch['used'][:, None]
   on_policy = -(batch['advantages'][:, None] * mask).sum() / mask.sum()    # ratio = 1 on every token
   np.testing.assert_allclose(loss, on_policy, rtol=1e-5)
@@ -103,12 +104,12 @@ def test_on_policy_loss_is_advantage_weighted_nll_over_generated_tokens(tiny):
   def reinforce(p):
     lp, _ = logprobs.token_logprobs(config, p, batch, temperature=0.7)
     return -(batch['advantages'][:, None] * lp * mask).sum() / mask.sum()
-  grads = jax.grad(lambda p: rloo.loss_fn(p, batch, None, model_config=config, temperature=0.7)[0])(params)
+  grads = jax.grad(lambda p: rlvr.loss_fn(p, batch, None, model_config=config, temperature=0.7)[0])(params)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grads, jax.grad(reinforce)(params))
   changed = dict(batch, tokens=batch['tokens'].copy())
   changed['tokens'][3, -1] = 5                                  # a dropped row (used 0)
   changed['tokens'][1, -1] = 5                                  # a tool-result token (mask 0) at the end
-  np.testing.assert_allclose(rloo.loss_fn(params, changed, None, model_config=config, temperature=0.7)[0], loss,
+  np.testing.assert_allclose(rlvr.loss_fn(params, changed, None, model_config=config, temperature=0.7)[0], loss,
                              rtol=1e-6)
 
 
@@ -120,7 +121,7 @@ def test_clipping_and_kl(tiny):
   shift = np.random.default_rng(1).normal(0, 0.5, token_lps.shape).astype(np.float32)
   batch['old_logprobs'] = np.pad(token_lps + shift, ((0, 0), (1, 0)))
   batch['ref_logprobs'] = np.pad(token_lps - shift, ((0, 0), (1, 0)))
-  loss, aux = rloo.loss_fn(params, batch, None, model_config=config, clip_epsilon=0.2, kl_beta=0.1)
+  loss, aux = rlvr.loss_fn(params, batch, None, model_config=config, clip_epsilon=0.2, kl_beta=0.1)
   ratio = np.exp(-shift)
   advantages = batch['advantages'][:, None]
   objective = np.minimum(ratio * advantages, np.clip(ratio, 0.8, 1.2) * advantages)
@@ -128,7 +129,7 @@ def test_clipping_and_kl(tiny):
   mask = batch['loss_mask'][:, 1:] * batch['used'][:, None]
   np.testing.assert_allclose(loss, ((-objective + 0.1 * kl) * mask).sum() / mask.sum(), rtol=1e-4)
   np.testing.assert_allclose(aux['clip_fraction'], ((np.abs(ratio - 1) > 0.2) * mask).sum() / mask.sum(), rtol=1e-5)
-  per_sequence, _ = rloo.loss_fn(params, batch, None, model_config=config, clip_epsilon=0.2, kl_beta=0.1,
+  per_sequence, _ = rlvr.loss_fn(params, batch, None, model_config=config, clip_epsilon=0.2, kl_beta=0.1,
                                  normalize='sequences')
   rows = ((-objective + 0.1 * kl) * mask).sum(-1) / np.maximum(mask.sum(-1), 1)
   np.testing.assert_allclose(per_sequence, rows[mask.sum(-1) > 0].mean(), rtol=1e-4)
@@ -145,8 +146,8 @@ def test_scoring_only_generated_columns_is_exact(tiny):
   batch['ref_logprobs'] = np.pad(token_lps - shift, ((0, 0), (1, 0)))
   scored = logprobs.with_score_columns(batch, multiple=4)
   assert scored['score_columns'].shape[1] < batch['tokens'].shape[1] - 1
-  for normalize in rloo.NORMALIZATIONS:
-    loss = lambda p, b: rloo.loss_fn(p, b, None, model_config=config, clip_epsilon=0.2, kl_beta=0.1,
+  for normalize in rlvr.NORMALIZATIONS:
+    loss = lambda p, b: rlvr.loss_fn(p, b, None, model_config=config, clip_epsilon=0.2, kl_beta=0.1,
                                      normalize=normalize)
     (full, full_aux), full_grads = jax.value_and_grad(loss, has_aux=True)(params, batch)
     (part, part_aux), part_grads = jax.value_and_grad(loss, has_aux=True)(params, scored)
@@ -165,9 +166,9 @@ def _scored(example, continuation, mask, *, correct, overlong=False, reward=None
                              untruncated_logprobs=-np.arange(1, len(continuation) + 1, dtype=np.float32),
                              actions=[], final_turn=AssistantTurn(response='x'),
                              stop_reason='overlong' if overlong else 'end_of_turn')
-  verdict = Verdict(correct=correct, format_ok=True, language_mismatch=False,
-                    reward=None if overlong else (float(correct) if reward is None else reward))
-  return rollouts.Scored(example, rollout, verdict)
+  verdict = Verdict(correct=correct, format_ok=True, language_mismatch=False)
+  return rollouts.Scored(example, rollout, verdict,
+                         None if overlong else (float(correct) if reward is None else reward))
 
 
 @pytest.mark.fast
@@ -177,7 +178,7 @@ def test_training_batch_aligns_prompts_rollouts_and_advantages():
   prompts = [[2, 10, 11], [2, 12]]
   groups = [[_scored(example, [20, 21], [1, 1], correct=True), _scored(example, [22, 23, 24], [1, 0, 1], correct=False)],
             [_scored(example, [25], [1], correct=True), _scored(example, [26, 27], [1, 1], correct=False, overlong=True)]]
-  batch, zero_variance = rloo.training_batch(prompts, groups, length_multiple=4)
+  batch, zero_variance = rlvr.training_batch(prompts, groups, length_multiple=4)
   assert batch['tokens'].shape == (4, 8)
   assert batch['tokens'][1].tolist() == [2, 10, 11, 22, 23, 24, 0, 0]
   assert batch['loss_mask'][1].tolist() == [0, 0, 0, 1, 0, 1, 0, 0]
@@ -186,7 +187,7 @@ def test_training_batch_aligns_prompts_rollouts_and_advantages():
   np.testing.assert_allclose(batch['advantages'], [1, -1, 0, 0])
   assert batch['used'].tolist() == [1, 1, 0, 0] and zero_variance.tolist() == [False, False]
   assert batch['score_columns'][1, :2].tolist() == [2, 4]            # columns whose next token was generated
-  metrics = rloo.rollout_metrics(groups, zero_variance)
+  metrics = rlvr.rollout_metrics(groups, zero_variance)
   assert metrics['train/overlong_fraction'] == 0.25 and metrics['train/pass_rate'] == 0.5
   assert metrics['train/reward'] == pytest.approx(2 / 3)
 
@@ -196,8 +197,8 @@ def test_eval_set_follows_the_rl_mix_and_is_fixed():
   from luckystar.data import suites
   selected = suites.load('math', 'train')[:30] + suites.load('korean_mc', 'train')[:10]
   heldout = suites.load('math', 'heldout') + suites.load('korean_mc', 'heldout')
-  chosen = rloo.eval_examples(selected, heldout, 20, seed=0)
-  assert chosen == rloo.eval_examples(selected, heldout, 20, seed=0) and len(chosen) == 20
+  chosen = curriculum.eval_examples(selected, heldout, 20, seed=0)
+  assert chosen == curriculum.eval_examples(selected, heldout, 20, seed=0) and len(chosen) == 20
   mix = lambda examples: {key: sum(1 for e in examples if (e.task, e.language) == key) / len(examples)
                           for key in {(e.task, e.language) for e in selected}}
   for key, share in mix(selected).items():
@@ -207,13 +208,13 @@ def test_eval_set_follows_the_rl_mix_and_is_fixed():
 
 @pytest.mark.fast
 def test_allocate_hands_a_short_groups_share_to_the_others():
-  assert rloo.allocate(10, {'a': 1, 'b': 1}, {'a': 9, 'b': 9}) == {'a': 5, 'b': 5}
-  assert rloo.allocate(3, {'a': 1, 'b': 1}, {'a': 9, 'b': 9}) == {'a': 2, 'b': 1}   # a tie: the earlier key
+  assert curriculum.allocate(10, {'a': 1, 'b': 1}, {'a': 9, 'b': 9}) == {'a': 5, 'b': 5}
+  assert curriculum.allocate(3, {'a': 1, 'b': 1}, {'a': 9, 'b': 9}) == {'a': 2, 'b': 1}   # a tie: the earlier key
   # 'a' would get 6 of 12 but holds 2: the other 10 go to b and c as 3 : 1 (7.5 : 2.5, the tie to b).
-  assert rloo.allocate(12, {'a': 3, 'b': 2.25, 'c': 0.75}, {'a': 2, 'b': 99, 'c': 99}) == {'a': 2, 'b': 8, 'c': 2}
-  assert rloo.allocate(11, {'a': 3, 'b': 2, 'c': 1}, {'a': 1, 'b': 99, 'c': 99}) == {'a': 1, 'b': 7, 'c': 3}
-  assert rloo.allocate(5, {'a': 1, 'b': 0}, {'a': 9, 'b': 9}) == {'a': 5, 'b': 0}   # weight 0: none
-  assert rloo.allocate(4, {'a': 1, 'b': 1}, {'a': 1, 'b': 3}) == {'a': 1, 'b': 3}   # both full
+  assert curriculum.allocate(12, {'a': 3, 'b': 2.25, 'c': 0.75}, {'a': 2, 'b': 99, 'c': 99}) == {'a': 2, 'b': 8, 'c': 2}
+  assert curriculum.allocate(11, {'a': 3, 'b': 2, 'c': 1}, {'a': 1, 'b': 99, 'c': 99}) == {'a': 1, 'b': 7, 'c': 3}
+  assert curriculum.allocate(5, {'a': 1, 'b': 0}, {'a': 9, 'b': 9}) == {'a': 5, 'b': 0}   # weight 0: none
+  assert curriculum.allocate(4, {'a': 1, 'b': 1}, {'a': 1, 'b': 3}) == {'a': 1, 'b': 3}   # both full
 
 
 @pytest.mark.fast
@@ -223,25 +224,25 @@ def test_eval_set_keeps_its_size_when_a_group_runs_short():
   from luckystar.data import suites
   selected = suites.load('chat', 'train')[:90] + suites.load('math', 'train')[:10]
   heldout = suites.load('chat', 'heldout') + suites.load('math', 'heldout')
-  chosen = rloo.eval_examples(selected, heldout, 200, seed=0)
+  chosen = curriculum.eval_examples(selected, heldout, 200, seed=0)
   assert len(chosen) == 200 and len(set(chosen)) == 200
   assert sum(e.task == 'chat' for e in chosen) == len(suites.load('chat', 'heldout'))   # all of chat
   with pytest.raises(errors.UserError, match='config.rlvr.eval_prompts=1000'):
-    rloo.eval_examples(selected, heldout, 1000, seed=0)
+    curriculum.eval_examples(selected, heldout, 1000, seed=0)
 
 
 @pytest.mark.fast
 def test_selection_candidates_per_task_budget():
   from luckystar.data import suites
   pool = suites.load('math', 'train')[:200] + suites.load('korean_mc', 'train')[:50]
-  chosen = rloo.selection_candidates(pool, {'math': 10, 'korean_mc': 70}, seed=0)
+  chosen = curriculum.selection_candidates(pool, {'math': 10, 'korean_mc': 70}, seed=0)
   assert [e.task for e in chosen].count('math') == 10 and [e.task for e in chosen].count('korean_mc') == 50
-  assert chosen == rloo.selection_candidates(pool, {'math': 10, 'korean_mc': 70}, seed=0)
-  assert chosen != rloo.selection_candidates(pool, {'math': 10, 'korean_mc': 70}, seed=1)
+  assert chosen == curriculum.selection_candidates(pool, {'math': 10, 'korean_mc': 70}, seed=0)
+  assert chosen != curriculum.selection_candidates(pool, {'math': 10, 'korean_mc': 70}, seed=1)
   assert [pool.index(e) for e in chosen] == sorted(pool.index(e) for e in chosen)      # pool order
-  assert len(rloo.selection_candidates(pool, 30, seed=0)) == 30                           # a whole-pool budget
+  assert len(curriculum.selection_candidates(pool, 30, seed=0)) == 30                           # a whole-pool budget
   with pytest.raises(errors.UserError, match='nl2sql'):
-    rloo.selection_candidates(pool, {'nl2sql': 4}, seed=0)
+    curriculum.selection_candidates(pool, {'nl2sql': 4}, seed=0)
 
 
 @pytest.mark.fast
@@ -262,9 +263,9 @@ def test_train_eval_set_is_reserved_before_selection(monkeypatch):
       sources='bundled:nl2sql', max_prompt_tokens=384, selection_prompts={'nl2sql': 48}, selection_samples=8,
       select_pass_rate=(0.125, 0.875), eval_prompts=96, eval_split='train')))
   tok = tokenizer_lib.default()
-  pool, _ = rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
-  heldout, rest = rloo.reserve_eval(config, tok, pool)
-  assert (heldout, rest) == rloo.reserve_eval(config, tok, pool) and len(heldout) == 96
+  pool, _ = curriculum.prompt_pool(config.rlvr, 'train', tok, seed=0)
+  heldout, rest = curriculum.reserve_eval(config, tok, pool)
+  assert (heldout, rest) == curriculum.reserve_eval(config, tok, pool) and len(heldout) == 96
   assert set(heldout) <= set(pool) and set(rest) <= set(pool) and len(rest) >= 150
   assert not {e.answer for e in heldout} & {e.answer for e in rest}
   rs = [e for e in suites.load('nl2sql', 'train') if rs_only(e, 0)]
@@ -276,33 +277,33 @@ def test_train_eval_set_is_reserved_before_selection(monkeypatch):
   extra = [dataclasses.replace(e, id=f'extra-{e.id}', split='train') for e in suites.load('nl2sql', 'heldout')[:16]]
   monkeypatch.setattr(sources, '_PROMPTS', dict(sources._PROMPTS))   # registrations end with the test
   sources.register_prompts('extra', lambda seed: extra)
-  without = rloo._fingerprint(config, tokenizer_lib.default())
+  without = curriculum._fingerprint(config, tokenizer_lib.default())
   config.rlvr.sources = 'bundled:nl2sql,bundled:extra'
-  bigger, reports = rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
+  bigger, reports = curriculum.prompt_pool(config.rlvr, 'train', tok, seed=0)
   assert [r.label for r in reports] == ['bundled:nl2sql', 'bundled:extra'] and reports[1].kept == 16
   extra_ids = {e.id for e in extra}
   rl_only = [e for e in bigger if e.id in extra_ids]
   assert rl_only and bigger == pool + rl_only
-  assert not extra_ids & {e.id for e in rloo.prompt_pool(config.rlvr, 'heldout', tok, seed=0)[0]}   # train only
-  same_heldout, bigger_rest = rloo.reserve_eval(config, tok, bigger)
+  assert not extra_ids & {e.id for e in curriculum.prompt_pool(config.rlvr, 'heldout', tok, seed=0)[0]}   # train only
+  same_heldout, bigger_rest = curriculum.reserve_eval(config, tok, bigger)
   assert same_heldout == heldout                                   # the eval set stays on the training databases
   fresh = [e for e in rl_only if e.answer not in {h.answer for h in heldout}]
   assert fresh and [e for e in bigger_rest if e.id in extra_ids] == fresh
-  assert rloo._fingerprint(config, tokenizer_lib.default()) != without                                    # other prompts
+  assert curriculum._fingerprint(config, tokenizer_lib.default()) != without                                    # other prompts
   config.rlvr.sources = 'bundled:nl2sql,bundled:missing'
   with pytest.raises(errors.UserError, match=r"config.rlvr.sources: bundled:missing is neither a task .*'extra'"):
-    rloo.prompt_pool(config.rlvr, 'train', tok, seed=0)
+    curriculum.prompt_pool(config.rlvr, 'train', tok, seed=0)
   config.rlvr.sources = 'bundled:nl2sql'
-  assert rloo._fingerprint(config, tokenizer_lib.default()) == without
-  fingerprint = rloo._fingerprint(config, tokenizer_lib.default())
+  assert curriculum._fingerprint(config, tokenizer_lib.default()) == without
+  fingerprint = curriculum._fingerprint(config, tokenizer_lib.default())
   config.rlvr.eval_prompts = 64
-  assert rloo._fingerprint(config, tokenizer_lib.default()) != fingerprint                                # another reserve, another pool
+  assert curriculum._fingerprint(config, tokenizer_lib.default()) != fingerprint                                # another reserve, another pool
   config.rlvr.eval_split = 'heldout'
-  assert 'eval_prompts' not in rloo._fingerprint(config, tokenizer_lib.default())
-  assert {e.split for e in rloo.eval_pool(config, tok, pool)} == {'heldout'}
+  assert 'eval_prompts' not in curriculum._fingerprint(config, tokenizer_lib.default())
+  assert {e.split for e in curriculum.eval_pool(config, tok, pool)} == {'heldout'}
   config.rlvr.eval_split = 'test'
   with pytest.raises(errors.UserError, match='config.rlvr.eval_split'):
-    rloo.eval_pool(config, tok, pool)
+    curriculum.eval_pool(config, tok, pool)
 
 
 def test_config_errors_come_before_the_model_loads(tmp_path, monkeypatch):
@@ -314,14 +315,14 @@ def test_config_errors_come_before_the_model_loads(tmp_path, monkeypatch):
   config.rlvr.eval_split = 'hedlout'
   monkeypatch.setattr(state_lib, 'start', lambda *a, **k: pytest.fail('the model loaded before the config check'))
   with pytest.raises(errors.UserError, match=r"config.rlvr.eval_split='hedlout'"):
-    rloo.run(config, str(tmp_path))
+    rlvr.run(config, str(tmp_path))
   config.rlvr.eval_split = 'heldout'
   config.batch_size = 3   # 12 rollouts over the 8 batch devices of data=-1
   with pytest.raises(errors.UserError, match=r'config.batch_size=3 prompts × config.rlvr.samples_per_prompt=4'):
-    rloo.run(config, str(tmp_path))
+    rlvr.run(config, str(tmp_path))
   config.batch_size, config.sampling.temperature = 2, 0.0   # logits / 0: every update NaN, silently skipped
   with pytest.raises(errors.UserError, match='config.sampling.temperature=0.0'):
-    rloo.run(config, str(tmp_path))
+    rlvr.run(config, str(tmp_path))
 
 
 # ---- the stage end to end ------------------------------------------------------------------------
@@ -359,7 +360,7 @@ def test_killed_and_resumed_rl_run_is_bitwise_equal_to_uninterrupted(runs):
 
 def test_prompt_selection_is_cached_and_checked(runs):
   import json
-  selection = json.loads((runs['whole'] / rloo.SELECTION_FILE).read_text())
+  selection = json.loads((runs['whole'] / curriculum.SELECTION_FILE).read_text())
   assert selection['kept'] and set(selection['kept']) <= set(selection['pass_rates'])
   assert 'reusing' in runs['resume_log']
   from luckystar.data import examples, suites

@@ -1,20 +1,20 @@
 """One RLOO step of the RLVR stage: seconds per step and its split into rollout / scoring / update (docs/benchmarks.md).
 
-    python experiments/benchmarks/rloo_step.py                     # 8 prompts × 8 rollouts × 64 new tokens, bench
-    python experiments/benchmarks/rloo_step.py --prompts=2 --k=2 --new_tokens=8 --steps=1 --peer=none  # a quick check
+    python experiments/benchmarks/rlvr_step.py                     # 8 prompts × 8 rollouts × 64 new tokens, bench
+    python experiments/benchmarks/rlvr_step.py --prompts=2 --k=2 --new_tokens=8 --steps=1 --peer=none  # a quick check
 
 (with luckystar installed, `pip install -e .`, or PYTHONPATH=. from the repository root)
 
 The stage's own code, wired as `luckystar.stages.rlvr.run` wires it: configs/rlvr.py with
 init_from='random:<size>', batch_size=--prompts, samples_per_prompt=--k, max_new_tokens=--new_tokens
 (temperature 1.0 as configured); the bundled tokenizer; the first --prompts train prompts of the
-stage's prompt pool (`rloo.prompt_pool`: reasoning-mode render, RS-only prompts left out), taken
+stage's prompt pool (`engine.curriculum.prompt_pool`: reasoning-mode render, RS-only prompts left out), taken
 round-robin over --tasks. Each step, as the training loop runs it, is timed in four phases:
   rollout   `rollouts.generate_and_score` minus its verifier calls: `sampling.rollout` with the SQL
             tool loop, k samples per prompt
   scoring   the `rewards.reward.score` calls inside it (one per rollout; timed by wrapping the function)
-  batch     `rloo.training_batch` (RLOO advantages, padded rows), `rloo.rollout_metrics`, `put_batch`
-  update    the compiled `step.make_update_fn(rloo.loss_fn, ...)`: forward, backward, clipping, AdamW
+  batch     `rlvr.training_batch` (RLOO advantages, padded rows), `rlvr.rollout_metrics`, `put_batch`
+  update    the compiled `step.make_update_fn(rlvr.loss_fn, ...)`: forward, backward, clipping, AdamW
 One warm-up step first (it compiles the sampler and the update; printed apart), then the step with the
 median total of --steps steps (5), with its split (compiling for a new batch shape, should one appear, is
 printed apart and left out). A random model almost never emits a stop token, so rollouts run to the
@@ -55,7 +55,8 @@ from luckystar import tokenizer as tokenizer_lib
 from luckystar.model import sharding
 from luckystar.rewards import reward as reward_lib
 from luckystar.engine import optim, rollouts
-from luckystar.stages import rlvr as rloo
+from luckystar.engine import curriculum
+from luckystar.stages import rlvr
 from luckystar.engine import state as state_lib
 from luckystar.engine import step as step_lib
 
@@ -79,7 +80,7 @@ def benchmark_prompts(config, tokenizer, tasks: list[str], count: int):
   """The first `count` prompts of the stage's train pool, round-robin over `tasks`."""
   settings = config.rlvr.copy_and_resolve_references()
   settings.sources = ','.join(f'bundled:{task}' for task in tasks)
-  pool, _ = rloo.prompt_pool(settings, 'train', tokenizer, seed=config.seed)
+  pool, _ = curriculum.prompt_pool(settings, 'train', tokenizer, seed=config.seed)
   by_task = {task: [e for e in pool if e.task == task] for task in tasks}
   examples = [by_task[tasks[i % len(tasks)]][i // len(tasks)] for i in range(count)]
   return examples, [rollouts.render_prompt(tokenizer, e) for e in examples]
@@ -127,8 +128,8 @@ def plain_sampler_tokens_per_second(model_config: model.ModelConfig, params, tok
   rows = [p for p in prompts for _ in range(k)]
   run = lambda: jax.device_get(sampling.sample(
       model_config, params, rows, rng=jax.random.key(0), max_new_tokens=settings.max_new_tokens,
-      temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p, stop_ids=tokenizer.stop_ids,
-      length_multiple=64))
+      settings=sampling.SamplingSettings(settings.temperature, settings.top_k, settings.top_p),
+      stop_ids=tokenizer.stop_ids, length_multiple=64))
   run()
   rates = []
   for _ in range(repeats):
@@ -177,12 +178,12 @@ def main():
   tokenizer = tokenizer_lib.default()
   examples, prompts = benchmark_prompts(config, tokenizer, args.tasks.split(','), args.prompts)
 
-  # As rloo.run builds them.
+  # As rlvr.run builds them.
   model_config, params, *_ = state_lib.initial_model(config.init_from)
   mesh = sharding.make_mesh(dict(config.mesh))
   optimizer = optim.make(config, settings.updates_per_batch)
   state = state_lib.create(model_config, optimizer, mesh, seed=config.seed, params=params)
-  loss = functools.partial(rloo.loss_fn, model_config=model_config, temperature=config.sampling.temperature,
+  loss = functools.partial(rlvr.loss_fn, model_config=model_config, temperature=config.sampling.temperature,
                            clip_epsilon=settings.clip_epsilon, kl_beta=settings.kl_beta, normalize=settings.normalize)
   update_fn = step_lib.make_update_fn(
       loss, optimizer, step_lib.state_shardings_of(state), mesh=mesh,
@@ -200,11 +201,11 @@ def main():
     with timed_scoring() as scoring:
       groups = rollouts.generate_and_score(model_config, state.params, tokenizer, examples, prompts, rollout_rng,
                                            samples_per_prompt=settings.samples_per_prompt,
-                                           **rloo.rollout_options(config))
+                                           **rlvr.rollout_options(config))
     sampled = time.perf_counter()
-    batch, zero_variance = rloo.training_batch(prompts, groups, length_multiple=settings.length_multiple,
+    batch, zero_variance = rlvr.training_batch(prompts, groups, length_multiple=settings.length_multiple,
                                                score_multiple=config.sampling.max_new_tokens)
-    rloo.rollout_metrics(groups, zero_variance)
+    rlvr.rollout_metrics(groups, zero_variance)
     device_batch = jax.block_until_ready(update_fn.put_batch(batch))
     built = time.perf_counter()
     shapes = tuple(sorted((k, v.shape) for k, v in device_batch.items()))

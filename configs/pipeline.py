@@ -60,7 +60,8 @@ def stage(name: str, arg: str | None = None, **changes) -> ml_collections.Config
 def _cold_start(init_from: str, **changes) -> ml_collections.ConfigDict:
   """RLOO on NL2SQL alone, every candidate kept (no [1/8, 7/8] filter: the point is to see the signal), and
   no language penalty, so a group's rewards vary only where its correctness does. Held-out: new questions
-  over the training databases (`engine.curriculum.reserve_eval`, drawn before prompt selection); the student learns NL2SQL
+  over the training databases (`engine.curriculum.reserve_eval`, drawn before prompt selection); the student learns
+  NL2SQL
   from traces over those alone."""
   return stage('rlvr', init_from=init_from, **{**dict(
       total_steps=6, checkpoint_every=3, rlvr__language_penalty=0.0, rlvr__sources='bundled:nl2sql',

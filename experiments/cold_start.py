@@ -18,7 +18,8 @@ all 216 prompts left; 32 steps, overlong rollouts scored as wrong, held-out eval
 from `tiny-sft` (no traces; every candidate kept, 8 steps). Then reads the stages' outputs and writes
 experiments/cold_start.md: the teacher's pass@1/pass@8, per arm the zero-variance fraction of prompt selection's
 candidates (the comparable "signal" figure: every arm measures its own starting policy at k = 8) and of its RL
-groups, RL-batch correctness, held-out NL2SQL (new questions over the training databases, `engine.curriculum.reserve_eval`;
+groups, RL-batch correctness, held-out NL2SQL (new questions over the training databases,
+`engine.curriculum.reserve_eval`;
 greedy, and for the SFT's arm also pass@1 of 2 samples) at step 0 and at the end (the SFT's arm: every 16
 steps), and the unseen held-out databases after RL. experiments/cold_start_probe.py reads the same run and
 says which held-out questions RL's reward can reach (per template, and by whether RL's prompts name its values).

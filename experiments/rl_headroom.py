@@ -39,9 +39,9 @@ def heldout_set(config, workdir: pathlib.Path, start: api.Model) -> list:
   settings = config.rlvr
   pool, _ = curriculum.prompt_pool(settings, 'train', start.tokenizer, seed=config.seed)
   selected = curriculum.select_prompts(config, workdir, start.config, start.params, start.tokenizer, pool,
-                                         rlvr.rollout_options(config))
-  return curriculum.eval_examples(selected, curriculum.prompt_pool(settings, 'heldout', start.tokenizer, seed=config.seed)[0],
-                            settings.eval_prompts, config.seed)
+                                       rlvr.rollout_options(config))
+  heldout = curriculum.prompt_pool(settings, 'heldout', start.tokenizer, seed=config.seed)[0]
+  return curriculum.eval_examples(selected, heldout, settings.eval_prompts, config.seed)
 
 
 def measure(config, model: api.Model, examples: list, samples: int, seed: int) -> dict[str, tuple[bool, float]]:

@@ -429,6 +429,7 @@ _FULL_AFTER_FIRST_SAVE = textwrap.dedent('''
     def save(*args, **kwargs):
       saves.append(1)
       if len(saves) == 2:
+        args[0].wait_until_finished()   # the first save is whole before the disk fills, however slow the machine
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
       return real_save(*args, **kwargs)

@@ -289,7 +289,7 @@ def test_train_eval_set_is_reserved_before_selection(monkeypatch):
   assert same_heldout == heldout                                   # the eval set stays on the training databases
   fresh = [e for e in rl_only if e.answer not in {h.answer for h in heldout}]
   assert fresh and [e for e in bigger_rest if e.id in extra_ids] == fresh
-  assert curriculum._fingerprint(config, tokenizer_lib.default()) != without                                    # other prompts
+  assert curriculum._fingerprint(config, tokenizer_lib.default()) != without   # other prompts
   config.rlvr.sources = 'bundled:nl2sql,bundled:missing'
   with pytest.raises(errors.UserError, match=r"config.rlvr.sources: bundled:missing is neither a task .*'extra'"):
     curriculum.prompt_pool(config.rlvr, 'train', tok, seed=0)
@@ -297,7 +297,7 @@ def test_train_eval_set_is_reserved_before_selection(monkeypatch):
   assert curriculum._fingerprint(config, tokenizer_lib.default()) == without
   fingerprint = curriculum._fingerprint(config, tokenizer_lib.default())
   config.rlvr.eval_prompts = 64
-  assert curriculum._fingerprint(config, tokenizer_lib.default()) != fingerprint                                # another reserve, another pool
+  assert curriculum._fingerprint(config, tokenizer_lib.default()) != fingerprint   # another reserve, another pool
   config.rlvr.eval_split = 'heldout'
   assert 'eval_prompts' not in curriculum._fingerprint(config, tokenizer_lib.default())
   assert {e.split for e in curriculum.eval_pool(config, tok, pool)} == {'heldout'}

@@ -55,7 +55,7 @@ def test_table_has_final_and_best_per_run_and_mean_over_seeds(tmp_path):
   rows = list(csv.DictReader(csv_path.open()))
   assert len(rows) == 4 and rows[3]['train/reward (final)'] == '0.4' and rows[3]['seed'] == '1'
   markdown = md_path.read_text()
-  assert '| 0 | 0 | 4 | 0.300 (0.500) | 0.200 (0.200) | – (–) | 2.000 | – |' in markdown   # 2 s/step, no wall file
+  assert '| 0 | 0 | 4 | 0.300 (0.500) | 0.200 (0.200) | – (–) | 2.000 | – |' in markdown   # 2 s/step
   assert '| 0.5 | 2 | 0.300 ± 0.141 | 0.000 ± 0.000 | – | 2.000 ± 0.000 |' in markdown   # mean ± std over seeds
 
 

@@ -33,7 +33,8 @@ def dates_suite(seed: int, count: int = 200) -> list[Example]:
     days = rng.randrange(1, 60)
     answer = (start + datetime.timedelta(days=days)).isoformat()
     language = ('en', 'ko')[i % 2]
-    prompt = (f'What date is {days} days after {start}?' if language == 'en' else f'{start}에서 {days}일 후는 언제입니까?')
+    prompt = (f'What date is {days} days after {start}?' if language == 'en' else
+              f'{start}에서 {days}일 후는 언제입니까?')
     response = f'The answer is {answer}.' if language == 'en' else f'정답은 {answer}입니다.'
     examples.append(Example(id=f'{NAME}-{i}', task=NAME, language=language, split=split_of(prompt, seed),
                             prompt=prompt, answer=answer, response=response,

@@ -76,7 +76,7 @@ def test_rl_only_prompts_join_rls_pool_never_its_eval_set():
   assert same_heldout == heldout                                   # the eval set stays on the training databases
   fresh = [e for e in rl_only if e.answer not in {h.answer for h in heldout}]
   assert fresh and [e for e in bigger_rest if e.id in rl_ids] == fresh
-  assert curriculum._fingerprint(config, tokenizer_lib.default()) != fingerprint                                # other RL-only databases
+  assert curriculum._fingerprint(config, tokenizer_lib.default()) != fingerprint   # other RL-only databases
 
 
 @pytest.mark.parametrize('split', ['train', 'heldout'])

@@ -125,10 +125,10 @@ def pass_rates(config, model_config: model.ModelConfig, params: Any, tokenizer: 
                examples: Sequence[Example], samples: int, rng: jax.Array, *, options: Mapping[str, Any],
                desc: str = 'pass rates'
                ) -> dict[str, float]:
-  """Example id → fraction of `samples` rollouts drawn with `options`
-  (`generate_and_score`'s settings, reward and judge: the stage's) whose verdict is
-  correct, in batches of about `config.rlvr.selection_batch` rollouts."""
-  groups = rollouts.sample_groups(model_config, params, tokenizer, examples, rng, batch_rows=config.rlvr.selection_batch,
+  """Example id → fraction of `samples` rollouts drawn with `options` (`generate_and_score`'s settings, reward
+  and judge: the stage's) whose verdict is correct, in batches of about `config.rlvr.selection_batch` rollouts."""
+  groups = rollouts.sample_groups(model_config, params, tokenizer, examples, rng,
+                                  batch_rows=config.rlvr.selection_batch,
                                   samples_per_prompt=samples, desc=desc, **options)
   return {e.id: float(np.mean([bool(s.verdict.correct) for s in group])) for e, _, group in groups}
 
@@ -178,7 +178,8 @@ def eval_pool(config, tokenizer: Tokenizer, pool: Sequence[Example]) -> list[Exa
   rs = prompts.prompt_set(tasks(settings), 'train', seed=config.seed, where=lambda e: rs_only(e, config.seed),
                           tokenizer=tokenizer)
   rs_answers = {(e.task, e.answer) for e in rs}
-  bundled = {e.id for task in tasks(settings) for e in suites.load(task, 'train', seed=config.seed, tokenizer=tokenizer)}
+  bundled = {e.id for task in tasks(settings)
+             for e in suites.load(task, 'train', seed=config.seed, tokenizer=tokenizer)}
   return [e for e in pool if (e.task, e.answer) not in rs_answers and e.id in bundled]
 
 

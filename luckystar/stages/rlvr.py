@@ -197,7 +197,8 @@ def rollout_metrics(groups: Sequence[Sequence[rollouts.Scored]], zero_variance: 
 @dataclasses.dataclass(frozen=True)
 class StepContext:
   """What a step's rollouts need besides the state: the run's settings, the RL prompts (`examples`, rendered
-  as `prompts`), the judge, and `reference(batch)` → reference log-probs (None when kl_beta = 0)."""
+  as `prompts`), the rollout options built once (`rollout_options`: settings, reward, judge), the judge, and
+  `reference(batch)` → reference log-probs (None when kl_beta = 0)."""
   config: Any
   workdir: pathlib.Path
   model_config: model.ModelConfig
@@ -205,6 +206,7 @@ class StepContext:
   tokenizer: Tokenizer
   examples: Sequence[Example]
   prompts: Sequence[Sequence[int]]
+  options: Mapping[str, Any]
   judge: Any
   reference: Callable[[Mapping[str, np.ndarray]], np.ndarray] | None
 
@@ -271,7 +273,7 @@ def prepare_step(context: StepContext, update_fn: Any, state: Any, indices: np.n
       return rollouts.generate_and_score(
           context.model_config, state.params, context.tokenizer, [context.examples[int(i)] for i in chosen],
           [context.prompts[int(i)] for i in chosen], key, samples_per_prompt=settings.samples_per_prompt,
-          **rollout_options(config, context.judge))
+          **context.options)
 
   indices, groups, dynamic = dynamic_groups(draw, np.asarray(indices), rng, pool_size=len(context.examples),
                                             rounds=settings.get('dynamic_sampling', 0))
@@ -379,9 +381,10 @@ def run(config, workdir: str) -> None:
       config, workdir, updates_per_step=settings.updates_per_batch)
 
   judge = judging.make(config, workdir)   # None unless config.judge names one
+  options = rollout_options(config, judge)
   with sharding.activate(mesh):  # selection's rollouts and their KV cache split over the mesh's batch devices
     selected, heldout = curriculum.prompts_and_eval_set(config, workdir, model_config, state.params, tokenizer,
-                                                        rollout_options(config, judge))
+                                                        options)
   judging.save(judge, workdir)
   eval_fn = make_eval_fn(config, model_config, tokenizer, mesh, heldout, judge)
 
@@ -391,7 +394,7 @@ def run(config, workdir: str) -> None:
   # over processes); each then feeds its own rows of the update's batch, so a run does not depend on the process count.
   context = StepContext(config=config, workdir=workdir, model_config=model_config, mesh=mesh, tokenizer=tokenizer,
                         examples=selected, prompts=[rollouts.render_prompt(tokenizer, e) for e in selected],
-                        judge=judge, reference=reference_fn(config, model_config, state.params))
+                        options=options, judge=judge, reference=reference_fn(config, model_config, state.params))
 
   loss = functools.partial(loss_fn, model_config=model_config, temperature=config.sampling.temperature,
                            clip_epsilon=settings.clip_epsilon, clip_low=settings.clip_low,
